@@ -1,0 +1,127 @@
+"""Finding, fetching and reading dataset files (``conf/data``)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import conllu
+from omegaconf import DictConfig
+
+from ablate.errors import AblateError
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """The gold words of one sentence and their labels (one per word)."""
+
+    words: tuple[str, ...]
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """Located split files with their sha256."""
+
+    paths: dict[str, Path]
+    sha256: dict[str, str]
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(url: str, sha256: str, dest: Path) -> Path:
+    """Download ``url`` to ``dest`` with a progress bar, keeping it only if its sha256 matches.
+
+    pooch downloads to a temporary file and moves it into place only after the hash check,
+    so a failed or corrupt download leaves nothing behind.
+    """
+    import pooch
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        pooch.retrieve(
+            url,
+            known_hash=f"sha256:{sha256}",
+            fname=dest.name,
+            path=dest.parent,
+            progressbar=True,
+        )
+    except ValueError as exc:  # pooch's hash mismatch
+        raise AblateError(f"{url}: downloaded file failed its sha256 check ({exc}); not kept") from exc
+    except Exception as exc:  # network errors come in many types (requests, OSError, ...)
+        raise AblateError(
+            f"could not download {url} ({type(exc).__name__}: {exc}). "
+            f"Put the file at {dest} yourself, or set ABLATE_DATA_DIR to a folder laid out like "
+            f"<root>/{dest.parent.name}/{dest.name}"
+        ) from exc
+    return dest
+
+
+def locate(cfg: DictConfig) -> SplitFiles:
+    """Find (and, for pinned releases, download and verify) the train/dev/test files of ``cfg``."""
+    folder = Path(cfg.root) / cfg.dir
+    paths: dict[str, Path] = {}
+    if cfg.splits:
+        for split in SPLITS:
+            if split not in cfg.splits:
+                raise AblateError(f"data.splits of '{cfg.name}' has no '{split}' entry")
+            spec = cfg.splits[split]
+            path = folder / spec.file
+            if not path.is_file():
+                if not spec.url:
+                    raise AblateError(f"{path}: missing, and data.splits.{split}.url is not set")
+                log.info("downloading %s -> %s", spec.url, path)
+                fetch(spec.url, spec.sha256, path)
+            paths[split] = path
+    else:
+        if not folder.is_dir():
+            raise AblateError(
+                f"{folder}: no such folder (data.root={cfg.root}, data.dir={cfg.dir}). "
+                f"Set data.root or ABLATE_DATA_DIR to a folder laid out like <root>/ud/UD_<Name>/"
+            )
+        for split in SPLITS:
+            found = sorted(folder.glob(f"*-ud-{split}.conllu"))
+            if len(found) != 1:
+                raise AblateError(
+                    f"{folder}: expected exactly one *-ud-{split}.conllu file, found "
+                    f"{len(found)} ({', '.join(p.name for p in found) or 'none'})"
+                )
+            paths[split] = found[0]
+    sha = {split: sha256_of(path) for split, path in paths.items()}
+    for split, path in paths.items():
+        pinned = cfg.splits[split].sha256 if cfg.splits else None
+        if pinned and sha[split] != pinned:
+            raise AblateError(
+                f"{path}: sha256 {sha[split]} differs from the pinned {pinned} of "
+                f"{cfg.name} r{cfg.version}; use the release file, or data=ud for your own treebank"
+            )
+    return SplitFiles(paths=paths, sha256=sha)
+
+
+def read_conllu(path: Path, lowercase: bool = False) -> list[Sentence]:
+    """Words and UPOS tags of a CoNLL-U file; multiword-token ranges and empty nodes are skipped."""
+    sentences = []
+    with open(path, encoding="utf-8") as fh:
+        for tokenlist in conllu.parse_incr(fh):
+            # Ranges (3-4) and empty nodes (8.1) parse to tuples; only integer ids are words.
+            words = [t for t in tokenlist if isinstance(t["id"], int)]
+            sentences.append(
+                Sentence(
+                    words=tuple(t["form"].lower() if lowercase else t["form"] for t in words),
+                    labels=tuple(t["upos"] for t in words),
+                )
+            )
+    return sentences

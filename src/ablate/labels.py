@@ -1,0 +1,92 @@
+"""Label inventories and word-to-sub-word label alignment."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ablate.data import Sentence
+from ablate.errors import AblateError
+
+# The 17 universal POS tags, in the UD documentation's order: one fixed inventory, so a label id
+# means the same tag for every treebank (and a tagger trained on one can score another).
+UPOS = (
+    "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM",
+    "PART", "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X",
+)  # fmt: skip
+
+IGNORE = -100  # label id that the loss and the metrics skip (sub-word continuations, specials)
+
+
+def check_labels(sentences: Sequence[Sentence], inventory: Sequence[str], source: str) -> None:
+    """Raise naming the file and sentence if any label is outside ``inventory``."""
+    allowed = set(inventory)
+    for i, sentence in enumerate(sentences, start=1):
+        for word, label in zip(sentence.words, sentence.labels, strict=True):
+            if label not in allowed:
+                raise AblateError(
+                    f"{source}: sentence {i}, word {word!r}: label {label!r} is not one of "
+                    f"{', '.join(inventory)}"
+                )
+
+
+def encode(
+    sentences: Sequence[Sentence], tokenizer, label2id: dict[str, int], max_length: int
+) -> list[dict[str, list[int]]]:
+    """Tokenise sentences into model inputs whose first sub-word of each word carries its label.
+
+    A sentence longer than ``max_length`` sub-words is split into consecutive windows of whole
+    words, so every gold word is scored exactly once (the tokenizer's own overflow handling
+    splits inside words and overlaps windows, which would drop or double-count words).
+    A word that the tokenizer maps to nothing is replaced by the unknown token, so it is still
+    scored; a single word longer than a window keeps its first sub-words.
+    """
+    budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    if budget < 1:
+        raise AblateError(f"data.max_length={max_length} leaves no room for words")
+    sentences = [s for s in sentences if s.words]
+    if not sentences:
+        return []
+    pieces = tokenizer(
+        [list(s.words) for s in sentences], is_split_into_words=True, add_special_tokens=False
+    )
+    windows: list[list[str]] = []
+    window_labels: list[list[int]] = []
+    for row, sentence in enumerate(sentences):
+        n_pieces = [0] * len(sentence.words)
+        for word in pieces.word_ids(row):
+            n_pieces[word] += 1
+        words: list[str] = []
+        ids: list[int] = []
+        used = 0
+        for word, n, label in zip(sentence.words, n_pieces, sentence.labels, strict=True):
+            cost = min(max(n, 1), budget)
+            if words and used + cost > budget:
+                windows.append(words)
+                window_labels.append(ids)
+                words, ids, used = [], [], 0
+            words.append(word if n else tokenizer.unk_token)
+            ids.append(label2id[label])
+            used += cost
+        windows.append(words)
+        window_labels.append(ids)
+
+    enc = tokenizer(windows, is_split_into_words=True, truncation=True, max_length=max_length)
+    features = []
+    for row, word_labels in enumerate(window_labels):
+        labels, previous = [], None
+        for word in enc.word_ids(row):
+            labels.append(word_labels[word] if word is not None and word != previous else IGNORE)
+            previous = word
+        features.append(
+            {
+                "input_ids": enc["input_ids"][row],
+                "attention_mask": enc["attention_mask"][row],
+                "labels": labels,
+            }
+        )
+    return features
+
+
+def count_scored(features: Sequence[dict[str, list[int]]]) -> int:
+    """Number of words that carry a label in encoded features."""
+    return sum(sum(1 for label in f["labels"] if label != IGNORE) for f in features)

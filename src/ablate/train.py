@@ -1,0 +1,36 @@
+"""``python -m ablate.train [--multirun] key=value ...``: one Hydra job = one MLflow run."""
+
+from __future__ import annotations
+
+import logging
+
+import hydra
+from omegaconf import DictConfig
+
+from ablate import config, tracking, trainer
+from ablate.errors import AblateError
+
+log = logging.getLogger("ablate")
+
+
+@hydra.main(version_base="1.3", config_path=str(config.conf_dir()), config_name="train")
+def main(cfg: DictConfig) -> float:
+    """Train and evaluate one configuration; returns best dev accuracy (the sweepers' objective)."""
+    try:
+        with tracking.start_run(cfg) as run:
+            results = trainer.fit(cfg, run)
+    except AblateError as exc:
+        log.error("%s", exc)
+        if tracking.in_multirun():
+            raise  # the sweep records this job as failed and goes on
+        raise SystemExit(2) from None  # one line, no traceback, for a single run
+    log.info(
+        "run %s FINISHED: dev %.4f, test %.4f. Store: %s (experiment %r); browse it with: make ui",
+        tracking.run_name(cfg), results["dev_accuracy"], results["test_accuracy"],
+        cfg.tracking.uri, cfg.tracking.experiment,
+    )  # fmt: skip
+    return results["best_dev_accuracy"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Training and evaluation of one configured run with the Hugging Face Trainer (``conf/trainer``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from transformers import DataCollatorForTokenClassification, Trainer, TrainingArguments, set_seed
+
+from ablate import data, freeze, labels, metrics, tasks, tracking
+from ablate import model as model_lib
+from ablate.errors import AblateError
+
+log = logging.getLogger(__name__)
+
+
+def _output_dir() -> str:
+    if HydraConfig.initialized():
+        return str(Path(HydraConfig.get().runtime.output_dir) / "trainer")
+    return tempfile.mkdtemp(prefix="ablate-")
+
+
+def training_arguments(cfg: DictConfig, output_dir: str) -> TrainingArguments:
+    """The Trainer's arguments from ``trainer`` and ``seed``: dev evaluation and logging per epoch."""
+    t = cfg.trainer
+    return TrainingArguments(
+        output_dir=output_dir,
+        num_train_epochs=t.epochs,
+        learning_rate=t.lr,
+        per_device_train_batch_size=t.batch_size,
+        per_device_eval_batch_size=t.eval_batch_size,
+        weight_decay=t.weight_decay,
+        warmup_steps=float(t.warmup_ratio),  # a float in [0, 1) is a ratio in transformers 5
+        eval_strategy="epoch",
+        logging_strategy="epoch",
+        save_strategy="no",
+        report_to="none",
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=not sys.stderr.isatty(),  # progress bars only for people, not job logs
+    )
+
+
+def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
+    """Train on train, evaluate dev every epoch and test at the end; log everything to ``run``."""
+    torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
+    set_seed(cfg.seed)
+    task = tasks.get(cfg.data.task)
+    if not 0 <= cfg.trainer.warmup_ratio < 1:
+        raise AblateError(f"trainer.warmup_ratio={cfg.trainer.warmup_ratio}: must be in [0, 1)")
+
+    files = data.locate(cfg.data)
+    run.tags({f"data.sha256.{s}": h for s, h in files.sha256.items()})
+    run.tags({f"data.file.{s}": p for s, p in files.paths.items()})
+    if cfg.data.version:
+        run.tags({"data.version": cfg.data.version})
+    sentences = {}
+    for split, path in files.paths.items():
+        sentences[split] = task.read(path, lowercase=cfg.data.lowercase)
+        labels.check_labels(sentences[split], task.labels, str(path))
+    if cfg.data.max_train_sentences is not None:
+        sentences["train"] = sentences["train"][: cfg.data.max_train_sentences]
+
+    tokenizer = model_lib.load_tokenizer(cfg.model)
+    label2id = {name: i for i, name in enumerate(task.labels)}
+    features = {
+        split: task.encode(sents, tokenizer, label2id, cfg.data.max_length)
+        for split, sents in sentences.items()
+    }
+    gold_words = {split: sum(len(s.words) for s in sents) for split, sents in sentences.items()}
+    for split, feats in features.items():
+        scored = labels.count_scored(feats)
+        if scored != gold_words[split]:  # an invariant of labels.encode; never report a partial score
+            raise AblateError(f"{split}: {scored} words encoded for scoring, gold has {gold_words[split]}")
+    run.metrics({f"{s}_sentences": len(sentences[s]) for s in sentences})
+
+    model = model_lib.build(cfg.model, task.model_class, task.labels)
+    applied = freeze.apply(model, cfg.freeze)
+    run.metrics(
+        {
+            "trainable_params": applied.trainable_params,
+            "total_params": applied.total_params,
+            "trainable_pct": applied.trainable_pct,
+        }
+    )
+    run.tags({"freeze.frozen_blocks": applied.frozen_blocks})
+    log.info(
+        "%s: %d / %d params trainable (%.1f %%), frozen blocks %s",
+        cfg.freeze.name, applied.trainable_params, applied.total_params,
+        applied.trainable_pct, applied.frozen_blocks,
+    )  # fmt: skip
+
+    epochs = tracking.EpochLogger(run, task.primary_metric)
+    trainer = Trainer(
+        model=model,
+        args=training_arguments(cfg, _output_dir()),
+        train_dataset=features["train"],
+        eval_dataset=features["dev"],
+        data_collator=DataCollatorForTokenClassification(tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=task.compute_metrics,
+        preprocess_logits_for_metrics=metrics.argmax_logits,
+        callbacks=[epochs],
+    )
+    train_out = trainer.train()
+
+    results: dict[str, float] = {
+        "train_runtime_s": train_out.metrics["train_runtime"],
+        "train_samples_per_s": train_out.metrics["train_samples_per_second"],
+        f"best_dev_{task.primary_metric}": max(epochs.history),
+    }
+    for split in ("dev", "test"):
+        out = trainer.predict(features[split])
+        gold, pred = metrics.scored(np.asarray(out.predictions), np.asarray(out.label_ids))
+        results[f"{split}_{task.primary_metric}"] = metrics.accuracy(gold, pred)
+        results[f"{split}_words"] = int(gold.size)
+        rep = metrics.report(gold, pred, task.labels)
+        run.text(rep["text"], f"reports/{split}_classification_report.txt")
+        run.json(rep["dict"], f"reports/{split}_classification_report.json")
+    results["peak_rss_mb"] = tracking.peak_rss_mb()
+    # dev accuracy of the final model is the last per-epoch point; logging it again would add a
+    # point at step 0 to its history.
+    run.metrics({k: v for k, v in results.items() if k != f"dev_{task.primary_metric}"})
+    return results
