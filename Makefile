@@ -1,0 +1,60 @@
+# ablate — every target sets itself up: a fresh clone needs only `make run` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-stamp
+PORT ?= 5000
+ARGS ?=
+
+# Developers and CI: the data folder that sits beside the checkout (an explicit ABLATE_DATA_DIR wins).
+SHARED_DATA := $(abspath ../shared/data)
+ifneq ($(wildcard $(SHARED_DATA)/ud),)
+export ABLATE_DATA_DIR ?= $(SHARED_DATA)
+endif
+export MLFLOW_DISABLE_TELEMETRY ?= true
+TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
+
+.PHONY: help setup run test lint format sweep ui clean distclean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: here it is a local CPU wheel; unpinned it pulls GBs of CUDA.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install ablate with its dev tools
+
+run: $(STAMP) ## a real short training run (Naija, MiniLM, 300 sentences, 1 epoch), tracked in MLflow
+	$(PY) -m ablate.train experiment=smoke $(ARGS)
+
+test: $(STAMP) ## the whole test suite (offline)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(ARGS)
+
+lint: $(STAMP) ## ruff check and format check
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP) ## apply ruff's fixes and formatting
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+sweep: $(STAMP) ## the earlier study's grid: 5 freeze options x naija,ewt (add ARGS="trainer.epochs=1 ...")
+	$(PY) -m ablate.train --multirun experiment=study $(ARGS)
+
+ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT)
+	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
+
+clean: ## remove run outputs and caches (keeps mlflow.db and .venv)
+	rm -rf outputs .pytest_cache .ruff_cache
+	find multirun -mindepth 1 ! -name README.md -exec rm -rf {} +
+	find . -name __pycache__ -not -path './$(VENV)/*' -exec rm -rf {} +
+
+distclean: clean ## also remove the MLflow store and .venv
+	rm -rf mlflow.db mlartifacts mlruns $(VENV)
