@@ -60,7 +60,9 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
             progressbar=True,
         )
     except ValueError as exc:  # pooch's hash mismatch
-        raise AblateError(f"{url}: downloaded file failed its sha256 check ({exc}); not kept") from exc
+        raise AblateError(
+            f"{url}: downloaded file failed its sha256 check ({exc}); not kept"
+        ) from exc
     except Exception as exc:  # network errors come in many types (requests, OSError, ...)
         raise AblateError(
             f"could not download {url} ({type(exc).__name__}: {exc}). "

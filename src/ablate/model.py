@@ -1,4 +1,4 @@
-"""Building the encoder with its task head, and finding its parts model-agnostically (``conf/model``)."""
+"""Building the encoder with its task head, and finding its blocks in any architecture."""
 
 from __future__ import annotations
 

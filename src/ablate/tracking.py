@@ -106,7 +106,9 @@ def _hydra_info() -> dict[str, str]:
     tags = {"hydra.output_dir": hc.runtime.output_dir}
     job_num = OmegaConf.select(hc, "job.num", default=None)
     if in_multirun():
-        tags.update({"hydra.sweep_dir": str(Path(hc.sweep.dir).resolve()), "hydra.job_num": str(job_num)})
+        tags.update(
+            {"hydra.sweep_dir": str(Path(hc.sweep.dir).resolve()), "hydra.job_num": str(job_num)}
+        )
     return tags
 
 

@@ -1,4 +1,4 @@
-"""Training and evaluation of one configured run with the Hugging Face Trainer (``conf/trainer``)."""
+"""Training and evaluation of one run with the Hugging Face Trainer (``conf/trainer``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _output_dir() -> str:
 
 
 def training_arguments(cfg: DictConfig, output_dir: str) -> TrainingArguments:
-    """The Trainer's arguments from ``trainer`` and ``seed``: dev evaluation and logging per epoch."""
+    """TrainingArguments from ``trainer`` and ``seed``: dev evaluation and logging per epoch."""
     t = cfg.trainer
     return TrainingArguments(
         output_dir=output_dir,
@@ -78,8 +78,11 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     gold_words = {split: sum(len(s.words) for s in sents) for split, sents in sentences.items()}
     for split, feats in features.items():
         scored = labels.count_scored(feats)
-        if scored != gold_words[split]:  # an invariant of labels.encode; never report a partial score
-            raise AblateError(f"{split}: {scored} words encoded for scoring, gold has {gold_words[split]}")
+        # An invariant of labels.encode, checked anyway: never report a score over part of a split.
+        if scored != gold_words[split]:
+            raise AblateError(
+                f"{split}: {scored} words encoded for scoring, gold has {gold_words[split]}"
+            )
     run.metrics({f"{s}_sentences": len(sentences[s]) for s in sentences})
 
     model = model_lib.build(cfg.model, task.model_class, task.labels)
@@ -125,6 +128,8 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         rep = metrics.report(gold, pred, task.labels)
         run.text(rep["text"], f"reports/{split}_classification_report.txt")
         run.json(rep["dict"], f"reports/{split}_classification_report.json")
+        if split == "dev":  # word-level ids: the report's paired bootstrap of Δ vs the baseline
+            run.json({"gold": gold.tolist(), "pred": pred.tolist()}, "predictions/dev.json")
     results["peak_rss_mb"] = tracking.peak_rss_mb()
     # dev accuracy of the final model is the last per-epoch point; logging it again would add a
     # point at step 0 to its history.

@@ -1,0 +1,108 @@
+"""Hydra composition: every option composes, the recipe defaults, and bad overrides fail early."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from ablate import config
+
+GROUPS = ("data", "model", "freeze", "trainer", "tracking", "experiment", "hparams_search")
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (config.conf_dir() / group).glob("*.yaml"))
+
+
+def make(overrides: list[str] = (), hydra: bool = False):
+    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
+        return compose("train", overrides=list(overrides), return_hydra_config=hydra)
+
+
+CASES = [(g, o) for g in GROUPS for o in options(g)]
+
+
+@pytest.mark.parametrize(("group", "option"), CASES, ids=[f"{g}={o}" for g, o in CASES])
+def test_every_group_option_composes_and_resolves(group, option):
+    extra = ["data.treebank=UD_Naija-NSC"] if (group, option) == ("data", "ud") else []
+    cfg = make([f"{group}={option}", *extra], hydra=group in ("experiment", "hparams_search"))
+    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    resolved = OmegaConf.to_container(job, resolve=True, throw_on_missing=True)
+    assert set(resolved) >= {"data", "model", "freeze", "trainer", "tracking", "seed"}
+    if group in ("data", "model", "freeze"):
+        expected = {"alternating": "alt", "ud": "UD_Naija-NSC"}.get(option, option)
+        assert resolved[group]["name"] == expected
+
+
+def test_core_groups_have_the_issue_options():
+    assert {"naija", "ewt", "ud"} <= set(options("data"))
+    assert {"minilm", "distilbert_multilingual", "tiny"} <= set(options("model"))
+    assert {"none", "all", "first2", "first4", "alt", "last2"} <= set(options("freeze"))
+
+
+def test_defaults_are_the_earlier_study_recipe_on_minilm():
+    cfg = make()
+    assert (cfg.data.name, cfg.model.name, cfg.freeze.name) == ("naija", "minilm", "none")
+    t = cfg.trainer
+    assert (t.epochs, t.lr, t.batch_size, t.weight_decay, t.warmup_ratio) == (5, 5e-5, 16, 0.01, 0)
+    assert cfg.seed == 42
+    assert cfg.data.lowercase is True and cfg.data.max_length == 128
+    assert cfg.data.max_train_sentences is None
+    assert cfg.freeze.embeddings is False
+    assert Path(cfg.model.name_or_path, "config.json").is_file()  # the packaged MiniLM
+
+
+def test_tracking_uri_defaults_to_absolute_sqlite_at_project_root(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert make().tracking.uri == f"sqlite:///{ROOT / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////elsewhere/m.db")
+    assert make().tracking.uri == "sqlite:////elsewhere/m.db"
+    assert make(["tracking.uri=http://127.0.0.1:5005"]).tracking.uri == "http://127.0.0.1:5005"
+
+
+def test_data_root_defaults_to_env_then_user_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("ABLATE_DATA_DIR", str(tmp_path))
+    assert make().data.root == str(tmp_path)
+    monkeypatch.delenv("ABLATE_DATA_DIR")
+    assert make().data.root.endswith("ablate") and make().data.root != str(tmp_path)
+
+
+def test_unknown_group_option_names_the_allowed_values():
+    with pytest.raises(ConfigCompositionException) as err:
+        make(["freeze=frist2"])
+    message = str(err.value)
+    for allowed in ("first2", "first4", "alt", "none", "all", "last2"):
+        assert allowed in message
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("trainer.lrr=1e-4", "lrr"),
+        ("trainer.epochs=five", "epochs"),
+        ("data.lowercase=maybe", "lowercase"),
+    ],
+)
+def test_misspelt_key_or_wrong_type_fails_at_composition(override, needle):
+    with pytest.raises(ConfigCompositionException) as err:
+        make([override])
+    assert needle in str(err.value) + str(err.value.__cause__)
+
+
+def test_misspelt_key_in_a_group_file_fails(tmp_path):
+    (tmp_path / "freeze").mkdir()
+    (tmp_path / "freeze" / "mine.yaml").write_text("name: mine\nfirts: 2\n")
+    with pytest.raises(ConfigCompositionException) as err:
+        make(["freeze=mine", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert "firts" in str(err.value) + str(err.value.__cause__)
+
+
+def test_cli_bad_option_exits_nonzero_listing_allowed_values(tmp_path):
+    proc = run_cli("freeze=frist2", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode != 0
+    assert "Available options in 'freeze'" in proc.stderr and "first4" in proc.stderr

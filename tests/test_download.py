@@ -1,0 +1,92 @@
+"""Downloading pinned files, against a real HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import threading
+
+import pytest
+from conftest import NAIJA, run_cli
+from omegaconf import OmegaConf
+
+from ablate import data
+from ablate.errors import AblateError
+
+
+@pytest.fixture
+def server(tmp_path):
+    """Serve a folder holding the real Naija split files on a free loopback port."""
+    served = tmp_path / "served"
+    served.mkdir()
+    for split in ("train", "dev", "test"):
+        (served / f"pcm_nsc-ud-{split}.conllu").write_bytes(
+            (NAIJA / f"pcm_nsc-ud-{split}.conllu").read_bytes()
+        )
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", served
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_good_download_is_kept(server, tmp_path):
+    url, served = server
+    dest = tmp_path / "cache" / "ud" / "UD_Naija-NSC" / "pcm_nsc-ud-dev.conllu"
+    data.fetch(f"{url}/pcm_nsc-ud-dev.conllu", digest(served / "pcm_nsc-ud-dev.conllu"), dest)
+    assert dest.read_bytes() == (NAIJA / "pcm_nsc-ud-dev.conllu").read_bytes()
+
+
+def test_sha256_mismatch_is_a_clear_error_and_nothing_is_kept(server, tmp_path):
+    url, _ = server
+    dest = tmp_path / "cache" / "pcm_nsc-ud-dev.conllu"
+    with pytest.raises(AblateError, match="failed its sha256 check.*not kept"):
+        data.fetch(f"{url}/pcm_nsc-ud-dev.conllu", "0" * 64, dest)
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_locate_downloads_missing_pinned_splits_into_the_root(server, tmp_path):
+    url, served = server
+    splits = {
+        s: {"file": f"pcm_nsc-ud-{s}.conllu", "url": f"{url}/pcm_nsc-ud-{s}.conllu",
+            "sha256": digest(served / f"pcm_nsc-ud-{s}.conllu")}
+        for s in ("train", "dev", "test")
+    }  # fmt: skip
+    root = tmp_path / "root"
+    cfg = OmegaConf.create(
+        {
+            "name": "naija",
+            "version": "2.16",
+            "root": str(root),
+            "dir": "ud/UD_Naija-NSC",
+            "splits": splits,
+        }
+    )
+    found = data.locate(cfg)
+    assert all(
+        p.parent == root / "ud" / "UD_Naija-NSC" and p.is_file() for p in found.paths.values()
+    )
+    assert found.sha256 == {s: spec["sha256"] for s, spec in splits.items()}
+
+
+def test_cli_without_data_or_network_prints_one_line_saying_how_to_provide_it(tmp_path):
+    proc = run_cli(
+        "data=naija",
+        f"data.root={tmp_path / 'empty'}",
+        "data.splits.train.url=http://127.0.0.1:9/pcm_nsc-ud-train.conllu",  # nothing listens
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"hydra.run.dir={tmp_path / 'out'}",
+        "model=tiny",
+    )
+    assert proc.returncode == 2
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "ABLATE_DATA_DIR" in errors[0] and "could not download" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "empty" / "ud" / "UD_Naija-NSC" / "pcm_nsc-ud-train.conllu").exists()

@@ -1,0 +1,161 @@
+"""Real training runs and a real --multirun into a real sqlite MLflow store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, slice_overrides
+from mlflow.tracking import MlflowClient
+
+from ablate import data, labels
+from ablate.config import project_root
+
+
+def runs_of(store: str, experiment: str = "ablate"):
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name(experiment)
+    return client, client.search_runs([exp.experiment_id]) if exp else []
+
+
+def gold_words(slice_root, split: str) -> int:
+    path = next((slice_root / "ud" / "UD_Naija-Slice").glob(f"*-ud-{split}.conllu"))
+    return sum(len(s.words) for s in data.read_conllu(path))
+
+
+@pytest.fixture(scope="module")
+def single_run(slice_root, tmp_path_factory):
+    """One real run: alternating freeze, 2 epochs, windows of 24 sub-words (splits sentences)."""
+    tmp = tmp_path_factory.mktemp("single")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    proc = run_cli(
+        *slice_overrides(slice_root, store, tmp), "freeze=alternating", "data.max_length=24"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, runs = runs_of(store)
+    assert len(runs) == 1
+    return client, runs[0], proc
+
+
+def test_run_is_finished_and_named(single_run):
+    _, run, proc = single_run
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "UD_Naija-Slice-alt-tiny-s42"
+    assert "browse it with: make ui" in proc.stderr + proc.stdout
+
+
+def test_params_hold_the_resolved_config_and_short_names(single_run, slice_root):
+    _, run, _ = single_run
+    p = run.data.params
+    assert (p["data"], p["freeze"], p["model"], p["seed"]) == (
+        "UD_Naija-Slice",
+        "alt",
+        "tiny",
+        "42",
+    )
+    assert p["trainer.lr"] == "5e-05" and p["trainer.epochs"] == "2" and p["freeze.every"] == "2"
+    assert p["data.root"] == str(slice_root) and p["data.max_length"] == "24"
+
+
+def test_dev_accuracy_per_epoch_and_final_metrics(single_run, slice_root):
+    client, run, _ = single_run
+    history = client.get_metric_history(run.info.run_id, "dev_accuracy")
+    assert [m.step for m in history] == [1, 2]
+    for key in ("train_loss", "epoch_time_s"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2]
+    m = run.data.metrics
+    assert m["best_dev_accuracy"] == max(h.value for h in history)
+    assert 0.0 <= m["test_accuracy"] <= 1.0
+    assert m["trainable_params"] < m["total_params"]
+    assert m["trainable_pct"] == pytest.approx(100 * m["trainable_params"] / m["total_params"])
+    for key in ("train_runtime_s", "train_samples_per_s", "peak_rss_mb"):
+        assert m[key] > 0
+    # every gold word scored, although windows of 24 sub-words split many sentences
+    assert m["dev_words"] == gold_words(slice_root, "dev")
+    assert m["test_words"] == gold_words(slice_root, "test")
+
+
+def test_tags_and_artifacts(single_run, slice_root, tmp_path):
+    client, run, _ = single_run
+    tags = run.data.tags
+    folder = slice_root / "ud" / "UD_Naija-Slice"
+    for split in ("train", "dev", "test"):
+        path = next(folder.glob(f"*-ud-{split}.conllu"))
+        assert tags[f"data.sha256.{split}"] == data.sha256_of(path)
+    assert len(tags["git.commit"]) == 40 or not (project_root() / ".git").exists()
+    assert tags["freeze.frozen_blocks"] == "[0, 2, 4]"
+    assert "hydra.sweep_dir" not in tags
+    rid = run.info.run_id
+    top = {a.path for a in client.list_artifacts(rid)}
+    assert {"config.yaml", ".hydra", "reports"} <= top
+    assert {a.path for a in client.list_artifacts(rid, ".hydra")} >= {
+        ".hydra/config.yaml",
+        ".hydra/overrides.yaml",
+    }
+    report = json.loads(
+        Path(
+            client.download_artifacts(rid, "reports/test_classification_report.json", str(tmp_path))
+        ).read_text()
+    )
+    assert set(labels.UPOS) <= set(report)
+    assert report["accuracy"] == pytest.approx(run.data.metrics["test_accuracy"])
+    text = Path(
+        client.download_artifacts(rid, "reports/dev_classification_report.txt", str(tmp_path))
+    ).read_text()
+    assert "PROPN" in text and "precision" in text
+
+
+def test_multirun_gives_distinct_finished_runs(slice_root, tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli(
+        "--multirun", *slice_overrides(slice_root, store, tmp_path), "freeze=none,all,first2,alt",
+        "tracking.experiment=grid", "trainer.epochs=1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, runs = runs_of(store, "grid")
+    assert len(runs) == 4
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert {r.info.run_name for r in runs} == {
+        f"UD_Naija-Slice-{f}-tiny-s42" for f in ("none", "all", "first2", "alt")
+    }
+    assert sorted(r.data.tags["hydra.job_num"] for r in runs) == ["0", "1", "2", "3"]
+    assert {r.data.tags["hydra.sweep_dir"] for r in runs} == {str(tmp_path / "sweep")}
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == [
+        "0",
+        "1",
+        "2",
+        "3",
+    ]
+    assert not runs_of(store, "Default")[1]  # nothing strayed into the default experiment
+    trainable = {r.data.params["freeze"]: r.data.metrics["trainable_params"] for r in runs}
+    assert trainable["all"] < trainable["alt"] < trainable["first2"] < trainable["none"]
+
+
+def test_a_failing_job_ends_failed_and_the_sweep_goes_on(slice_root, tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli(
+        "--multirun", *slice_overrides(slice_root, store, tmp_path), "freeze.layers=[99],[1]",
+        "trainer.epochs=1",
+    )  # fmt: skip
+    assert proc.returncode != 0  # the sweep reports the failure at the end
+    _, runs = runs_of(store)
+    status = {r.data.params["freeze.layers"]: r.info.status for r in runs}
+    assert status == {"[99]": "FAILED", "[1]": "FINISHED"}
+    failed = next(r for r in runs if r.info.status == "FAILED")
+    assert "block(s) [99] do not exist" in failed.data.tags["error"]
+
+
+def test_make_run_config_trains_the_packaged_minilm(tmp_path):
+    """`make run`'s job (experiment=smoke): real MiniLM, real Naija, beats the majority tag."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli("experiment=smoke", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs_of(store)[1]
+    assert run.info.status == "FINISHED" and run.info.run_name == "naija-none-minilm-s42"
+    assert run.data.metrics["train_sentences"] == 300
+    dev = data.read_conllu(Path(run.data.tags["data.file.dev"]))
+    tags = [t for s in dev for t in s.labels]
+    majority = max(tags.count(t) for t in set(tags)) / len(tags)
+    assert run.data.metrics["dev_words"] == len(tags)
+    assert run.data.metrics["dev_accuracy"] > majority
