@@ -1,0 +1,90 @@
+"""Generated README blocks, so numbers users read there are computed, never typed in.
+
+``python -m ablate.docs`` rewrites every ``<!-- NAME:start -->…<!-- NAME:end -->`` block of
+README.md; ``tests/test_docs.py`` fails when a block is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from ablate.config import conf_dir, project_root
+
+
+def _first_comment(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#") and not line.startswith("# @package"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+# Variants worth a row of their own: (option, extra overrides, what they change).
+VARIANTS = [
+    (
+        "all",
+        ["freeze.embeddings=true"],
+        "As `all`, and the embeddings frozen too: only the head trains.",
+    )
+]
+
+
+def freeze_table(model: str = "minilm") -> str:
+    """Markdown table: each ``freeze`` option, what it does, its trainable params on ``model``."""
+    from hydra import compose, initialize_config_dir
+
+    from ablate import freeze, labels
+    from ablate import model as model_lib
+    from ablate.tasks import TASKS
+
+    rows = []
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cases = [
+            (p.stem, [], _first_comment(p)) for p in sorted((conf_dir() / "freeze").glob("*.yaml"))
+        ]
+        for option, extra, what in cases + VARIANTS:
+            cfg = compose("train", overrides=[f"model={model}", f"freeze={option}", *extra])
+            # A fresh model per option: strategies may wrap or change it.
+            net = model_lib.build(cfg.model, TASKS["pos"].model_class, labels.UPOS)
+            applied = freeze.apply(net, cfg.freeze)
+            name = " ".join([f"freeze={option}", *extra])
+            count, pct = applied.trainable_params, applied.trainable_pct
+            rows.append(f"| `{name}` | {what} | {count:,} | {pct:.2f} % |")
+    header = (
+        f"| option | what it does | trainable params ({model}) | % of {applied.total_params:,} |\n"
+        "|---|---|---:|---:|"
+    )
+    return "\n".join([header, *rows])
+
+
+def make_help() -> str:
+    """The Makefile's targets and their ``##`` help, as a markdown list."""
+    lines = (project_root() / "Makefile").read_text(encoding="utf-8").splitlines()
+    items = [re.match(r"^([a-z-]+):.*## (.*)$", line) for line in lines]
+    return "\n".join(f"- `make {m[1]}` — {m[2]}" for m in items if m)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"freeze-table": freeze_table, "make-help": make_help}
+
+
+def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
+    """``text`` with every known generated block replaced by its current content."""
+    for name, fn in blocks.items():
+        pattern = re.compile(rf"(<!-- {name}:start -->\n)(?:.*?\n)?(<!-- {name}:end -->)", re.S)
+        if pattern.search(text):
+            content = fn()
+            text = pattern.sub(lambda m, c=content: f"{m[1]}{c}\n{m[2]}", text)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--readme", type=Path, default=project_root() / "README.md")
+    args = parser.parse_args()
+    args.readme.write_text(render(args.readme.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
