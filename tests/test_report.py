@@ -1,0 +1,276 @@
+"""The comparison report from a real tiny multirun: numbers equal MLflow, charts, notebook."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT, run_cli, slice_overrides
+from mlflow.tracking import MlflowClient
+
+from ablate import report
+from ablate.errors import AblateError
+
+CHART_FILES = [f"{name}.png" for name in report.CHARTS]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def grid(slice_root, tmp_path_factory) -> SimpleNamespace:
+    """2 strategies x 2 seeds x 2 epochs (tiny model, Naija slice), plus one FAILED run."""
+    tmp = tmp_path_factory.mktemp("report")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    overrides = slice_overrides(slice_root, store, tmp)
+    # cwd=tmp: MLflow puts a sqlite store's artifacts under ./mlruns of the creating process.
+    proc = run_cli("--multirun", "freeze=none,all", "seed=1,2", *overrides, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # A block that does not exist: the run starts in MLflow, then fails before training.
+    failed = run_cli("freeze=first2", "freeze.layers=[99]", "seed=1", *overrides, cwd=tmp)
+    assert failed.returncode != 0
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("ablate")
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.status for r in runs) == ["FAILED"] + ["FINISHED"] * 4
+    return SimpleNamespace(store=store, tmp=tmp, client=client, runs=runs)
+
+
+@pytest.fixture(scope="module")
+def cli(grid) -> SimpleNamespace:
+    """``python -m ablate.report`` on the grid's store, in a real subprocess."""
+    out = grid.tmp / "cli-report"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ablate.report", "--uri", grid.store, "--out", str(out)],
+        cwd=grid.tmp, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return SimpleNamespace(out=out, stdout=proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def rep(grid) -> report.Report:
+    return report.make_report("ablate", grid.store)
+
+
+def logged(grid) -> dict[str, list]:
+    """FINISHED runs by strategy, read with MlflowClient, independently of ablate.report."""
+    by = {}
+    for r in grid.runs:
+        if r.info.status == "FINISHED":
+            by.setdefault(r.data.params["freeze"], []).append(r)
+    return {k: sorted(v, key=lambda r: int(r.data.params["seed"])) for k, v in by.items()}
+
+
+def mean(xs) -> float:
+    return float(np.mean(xs))
+
+
+def test_cli_writes_every_chart_and_both_tables(cli):
+    for name in [*CHART_FILES, "summary.md", "summary.csv"]:
+        path = cli.out / name
+        assert path.is_file() and path.stat().st_size > 0, name
+    for name in CHART_FILES:
+        assert (cli.out / name).read_bytes()[:8] == PNG_MAGIC
+    md = (cli.out / "summary.md").read_text()
+    assert all(f"]({name})" in md for name in CHART_FILES)
+    assert "4 runs used" in cli.stdout and "left out: UD_Naija-Slice-first2-tiny-s1" in cli.stdout
+
+
+def test_summary_numbers_equal_logged_metrics(grid, cli):
+    by = logged(grid)
+    csv = pd.read_csv(cli.out / "summary.csv")
+    assert list(csv.strategy) == ["none", "all"]  # the fixed order, baseline first
+    base = by["none"]
+    for strategy, runs in by.items():
+        row = csv[csv.strategy == strategy].iloc[0]
+        m = [r.data.metrics for r in runs]
+        dev = [100 * x["dev_accuracy"] for x in m]
+        test = [100 * x["test_accuracy"] for x in m]
+        assert row.n == 2 and row.seeds == "1,2" and row.metric == "accuracy"
+        assert row.dev_mean_pct == pytest.approx(mean(dev), rel=1e-12)
+        assert row.dev_std_pct == pytest.approx(float(np.std(dev, ddof=1)), rel=1e-9)
+        assert row.test_mean_pct == pytest.approx(mean(test), rel=1e-12)
+        assert row.best_dev_mean_pct == pytest.approx(
+            mean([100 * x["best_dev_accuracy"] for x in m]), rel=1e-12
+        )
+        params = mean([x["trainable_params"] for x in m])
+        base_params = mean([r.data.metrics["trainable_params"] for r in base])
+        assert row.trainable_params_m == pytest.approx(params / 1e6, rel=1e-12)
+        assert row.param_savings_pct == pytest.approx(100 * (1 - params / base_params))
+        time = mean([x["train_runtime_s"] for x in m])
+        base_time = mean([r.data.metrics["train_runtime_s"] for r in base])
+        assert row.train_time_s == pytest.approx(time, rel=1e-12)
+        assert row.time_savings_pct == pytest.approx(100 * (1 - time / base_time))
+        base_dev = [b.data.metrics["dev_accuracy"] for b in base]
+        diffs = [100 * (x["dev_accuracy"] - b) for x, b in zip(m, base_dev, strict=True)]
+        assert row.delta_dev_pt == pytest.approx(mean(diffs), abs=1e-12)
+        # The markdown shows the same numbers, rounded.
+        md = (cli.out / "summary.md").read_text()
+        assert f"| {strategy} | {mean(dev):.2f} ± {np.std(dev, ddof=1):.2f} | 2 |" in md
+
+
+def test_history_is_mlflow_metric_history(grid, rep):
+    for runs in logged(grid).values():
+        for r in runs:
+            got = rep.history[(rep.history.run_id == r.info.run_id)]
+            for key in ("dev_accuracy", "train_loss", "epoch_time_s"):
+                want = sorted((m.step, m.value) for m in grid.client.get_metric_history(
+                    r.info.run_id, key))  # fmt: skip
+                rows = got[got.key == key].sort_values("epoch")
+                assert list(zip(rows.epoch, rows.value, strict=True)) == want
+                assert [s for s, _ in want] == [1, 2]  # step = epoch
+
+
+def test_delta_interval_is_a_paired_bootstrap_over_dev_words(grid, rep):
+    row = rep.summary.set_index("strategy").loc["all"]
+    assert row.delta_method == "paired bootstrap over dev words (2 seeds)"
+    assert row.delta_ci_low_pt <= row.delta_dev_pt <= row.delta_ci_high_pt
+    assert row.dev_ci_method == "bootstrap over dev words"
+    again = report.make_report("ablate", grid.store).summary.set_index("strategy").loc["all"]
+    assert (again.delta_ci_low_pt, again.delta_ci_high_pt) == (
+        row.delta_ci_low_pt, row.delta_ci_high_pt)  # fmt: skip
+    # The logged predictions are the ones the dev accuracy was computed from.
+    for r in grid.runs:
+        if r.info.status == "FINISHED":
+            gold, pred = report.load_predictions(grid.store, r.info.run_id)
+            assert gold.size == r.data.metrics["dev_words"]
+            assert (gold == pred).mean() == pytest.approx(r.data.metrics["dev_accuracy"])
+    assert rep.summary.set_index("strategy").loc["none", "delta_method"] == "baseline"
+
+
+def test_failed_and_missing_runs_are_left_out_and_listed(rep, cli):
+    assert "first2" not in set(rep.summary.strategy)
+    ex = rep.excluded.set_index(["freeze", "seed"])
+    failed = ex.loc[("first2", 1)]
+    assert failed.status == "FAILED" and "freeze.layers" in failed.reason
+    assert ex.loc[("first2", 2)].status == "MISSING"  # the grid's seed 2 never ran
+    assert len(rep.excluded) == 2
+    md = (cli.out / "summary.md").read_text().split("## Runs left out")[1]
+    assert "UD_Naija-Slice-first2-tiny-s1" in md and "FAILED" in md and "MISSING" in md
+
+
+def test_one_seed_has_no_interval_and_says_so(grid, monkeypatch, tmp_path):
+    runs = report.load_runs("ablate", grid.store)
+    one = runs.runs[runs.runs.seed == 1].reset_index(drop=True)
+    runs = report.Runs(one, runs.history[runs.history.run_id.isin(one.run_id)], runs.params,
+                       runs.source)  # fmt: skip
+    with_preds = report.build(runs).summary.set_index("strategy")
+    assert with_preds.loc["all", "delta_method"] == "paired bootstrap over dev words (1 seed)"
+
+    monkeypatch.setattr(report, "load_predictions", lambda uri, run_id: None)  # an older run
+    rep = report.build(runs)
+    s = rep.summary.set_index("strategy")
+    assert (s.n == 1).all() and s.dev_std_pct.isna().all() and s.dev_ci_low_pct.isna().all()
+    assert math.isnan(s.loc["all", "delta_ci_low_pt"])
+    assert s.loc["all", "delta_method"] == "none (1 paired seed, no dev predictions logged)"
+    assert any("one seed per strategy" in n for n in rep.notes)
+    md = report.markdown(rep)
+    assert "(1 seed)" in md and "one seed per strategy" in md
+    assert "no dev predictions logged" in md
+    paths = report.write(rep, tmp_path)
+    assert all(paths[c].stat().st_size > 0 for c in report.CHARTS)
+
+
+def test_three_seeds_use_a_paired_t_interval(grid):
+    """Seeds 3..: copies of real runs with shifted scores (the grid itself has 2 seeds)."""
+    from scipy import stats
+
+    runs = report.load_runs("ablate", grid.store, status="FINISHED", history=False)
+    df, params = runs.runs, dict(runs.params)
+    extra = df[df.seed == 1].copy()
+    extra["seed"] = extra.seed + 2
+    extra["dev"] = extra.dev + np.where(extra.freeze == "all", -0.01, 0.0)
+    extra["run_id"] = extra.run_id + "-s3"
+    extra["start_time"] = extra.start_time + pd.Timedelta(seconds=1)
+    for r in extra.itertuples():
+        params[r.run_id] = {**params[r.run_id.removesuffix("-s3")], "seed": "3"}
+    df = pd.concat([df, extra], ignore_index=True)
+    rep = report.build(report.Runs(df, runs.history, params, runs.source))
+    row = rep.summary.set_index("strategy").loc["all"]
+    base = df[df.freeze == "none"].set_index("seed").dev
+    ours = df[df.freeze == "all"].set_index("seed").dev
+    diffs = ((ours - base) * 100).to_numpy()
+    half = stats.t.ppf(0.975, 2) * diffs.std(ddof=1) / math.sqrt(3)
+    assert row.delta_method == "paired t over 3 seeds"
+    assert row.delta_dev_pt == pytest.approx(diffs.mean())
+    assert (row.delta_ci_low_pt, row.delta_ci_high_pt) == pytest.approx(
+        (diffs.mean() - half, diffs.mean() + half))  # fmt: skip
+    assert row.dev_ci_method == "t over 3 seeds"
+
+
+def test_other_settings_and_reruns_are_left_out(grid):
+    runs = report.load_runs("ablate", grid.store, status="FINISHED", history=False)
+    df, params = runs.runs, dict(runs.params)
+    old = df[(df.freeze == "none") & (df.seed == 1)].copy()
+    old["run_id"], old["seed"] = "smoke", 42  # an earlier run with another recipe
+    old["start_time"] = df.start_time.min() - pd.Timedelta(hours=1)
+    params["smoke"] = {**params[df.run_id[old.index[0]]], "seed": "42", "trainer.epochs": "1"}
+    rerun = df[(df.freeze == "all") & (df.seed == 2)].copy()
+    rerun["run_id"] = "rerun"
+    rerun["start_time"] = df.start_time.max() + pd.Timedelta(hours=1)
+    params["rerun"] = params[df.run_id[rerun.index[0]]]
+    df = pd.concat([old, df, rerun], ignore_index=True)
+    rep = report.build(report.Runs(df, runs.history, params, runs.source))
+    reasons = dict(zip(rep.excluded.seed, rep.excluded.reason, strict=True))
+    assert "trainer.epochs=1 (latest: 2)" in reasons[42]
+    assert reasons[2] == "superseded by the later run rerun"
+    assert "rerun" in set(rep.runs.run_id) and rep.summary.n.tolist() == [2, 2]
+
+
+def test_filters(grid):
+    assert len(report.load_runs("ablate", grid.store, sweep="latest").runs) == 4
+    assert len(report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep")).runs) == 4
+    assert len(report.load_runs("ablate", grid.store, status="FAILED").runs) == 1
+    assert len(report.load_runs("ablate", grid.store, model=["tiny"]).runs) == 5
+    with pytest.raises(AblateError, match="no usable runs"):
+        report.build(report.load_runs("ablate", grid.store, data="naija"))
+    with pytest.raises(AblateError, match="no MLflow experiment"):
+        report.load_runs("nope", grid.store)
+
+
+def test_strategy_order():
+    names = ["zeta", "gradual", "lora", "all", "alpha", "none", "first4", "bitfit", "embeddings"]
+    assert report.strategy_order(names) == [
+        "none", "embeddings", "first4", "all", "bitfit", "lora", "gradual", "alpha", "zeta",
+    ]  # fmt: skip
+    assert report.primary_metric("pos") == "accuracy"
+    assert report.primary_metric("no-such-task") == "accuracy"
+
+
+def test_notebook_runs_headless_on_the_same_module(grid, monkeypatch, tmp_path):
+    from nbclient import NotebookClient
+
+    path = ROOT / "notebooks" / "compare.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "commit it cleared"
+    assert not any(re.search(r"\d\.\d", c.source) for c in code)  # no number typed in
+    out = tmp_path / "nb-report"
+    monkeypatch.setenv("ABLATE_REPORT_URI", grid.store)
+    monkeypatch.setenv("ABLATE_REPORT_EXPERIMENT", "ablate")
+    monkeypatch.setenv("ABLATE_REPORT_OUT", str(out))
+    nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
+    NotebookClient(
+        nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(report.CHARTS)
+    assert all((out / name).stat().st_size > 0 for name in CHART_FILES)
+    shown = "\n".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
+    for strategy, runs in logged(grid).items():
+        dev = mean([100 * r.data.metrics["dev_accuracy"] for r in runs])
+        assert f"| {strategy} | {dev:.2f} ± " in shown
+    assert "UD_Naija-Slice-first2-tiny-s1" in shown
+    assert Path(outputs[-1].text.strip()) == Path(sys.executable)
+    assert list(pd.read_csv(out / "summary.csv").strategy) == ["none", "all"]
