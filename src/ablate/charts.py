@@ -24,7 +24,8 @@ PANEL_W, PANEL_H = 5.6, 4.2
 def palette(strategies) -> dict[str, str]:
     """A fixed colour per strategy (same in every chart and report); the baseline is black."""
     known = list(STRATEGY_ORDER[1:])
-    base = sns.color_palette("tab10", len(known)).as_hex()
+    # tab10 without its grey (the colour of seed dots), plus one more for the tenth strategy.
+    base = [c for i, c in enumerate(sns.color_palette("tab10").as_hex()) if i != 7] + ["#393b79"]
     extra = sorted(set(strategies) - set(STRATEGY_ORDER))
     more = sns.color_palette("husl", len(extra)).as_hex() if extra else []
     colours = {s: c for s, c in zip(known + extra, base + more, strict=True)}
@@ -151,7 +152,7 @@ def convergence(report: Report):
                 )  # fmt: skip
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set(title=panel, xlabel="epoch", ylabel=_label(metric))
-            ax.legend(fontsize=8, loc="lower right")
+            ax.legend(fontsize=8, loc="best")
         one = (report.summary.n == 1).all()
         band = "one seed per strategy: no band" if one else "band: min–max over seeds"
         _titles(
