@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,14 +30,36 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """Fail at once, not after an hour of training, if the store can't be used.
+
+    MLflow's HTTP client retries with backoff for minutes; a short health probe answers first.
+    """
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            raise AblateError(f"tracking.uri={uri}: no MLflow server answers ({exc})") from exc
+        raise AblateError(f"tracking.uri={uri}: server health check failed")
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri.removeprefix("sqlite:///")).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AblateError(f"tracking.uri={uri}: cannot create {folder} ({exc})") from exc
+        if not os.access(folder, os.W_OK):
+            raise AblateError(f"tracking.uri={uri}: {folder} is not writable")
+
+
 def prepare(uri: str, experiment: str) -> str:
     """Create the store's schema and the experiment if missing; return the experiment id.
 
     Called once before the jobs of a sweep start (``PrepareStore``): parallel jobs racing to create
     tables or the experiment corrupt runs silently (BRIEF.md §5).
     """
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    check_reachable(uri)
     client = MlflowClient(tracking_uri=uri)
     try:
         exp = client.get_experiment_by_name(experiment)
@@ -57,11 +82,18 @@ def prepare(uri: str, experiment: str) -> str:
 class PrepareStore(Callback):
     """Hydra callback: prepare the store once, before any job of a run or sweep starts."""
 
+    def _prepare(self, config: DictConfig) -> None:
+        try:
+            prepare(config.tracking.uri, config.tracking.experiment)
+        except AblateError as exc:
+            print(f"ablate: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None  # before any job: one line, no traceback
+
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        prepare(config.tracking.uri, config.tracking.experiment)
+        self._prepare(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        prepare(config.tracking.uri, config.tracking.experiment)
+        self._prepare(config)
 
 
 def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:

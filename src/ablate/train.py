@@ -24,10 +24,12 @@ def main(cfg: DictConfig) -> float:
         if tracking.in_multirun():
             raise  # the sweep records this job as failed and goes on
         raise SystemExit(2) from None  # one line, no traceback, for a single run
+    uri = cfg.tracking.uri
+    where = f"open {uri}" if uri.startswith("http") else "browse it with: make ui"
     log.info(
-        "run %s FINISHED: dev %.4f, test %.4f. Store: %s (experiment %r); browse it with: make ui",
+        "run %s FINISHED: dev %.4f, test %.4f. Store: %s (experiment %r); %s",
         tracking.run_name(cfg), results["dev_accuracy"], results["test_accuracy"],
-        cfg.tracking.uri, cfg.tracking.experiment,
+        uri, cfg.tracking.experiment, where,
     )  # fmt: skip
     return results["best_dev_accuracy"]
 

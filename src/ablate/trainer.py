@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import DataCollatorForTokenClassification, Trainer, TrainingArguments, set_seed
 
 from ablate import data, freeze, labels, metrics, tasks, tracking
@@ -49,9 +49,26 @@ def training_arguments(cfg: DictConfig, output_dir: str) -> TrainingArguments:
     )
 
 
+def torch_threads(cfg: DictConfig) -> int:
+    """``trainer.threads``, else the cores divided among a parallel launcher's workers.
+
+    joblib's workers start with OMP_NUM_THREADS=1, and each of N workers taking every core
+    oversubscribes the machine; so each takes cores // N.
+    """
+    if cfg.trainer.threads:
+        return cfg.trainer.threads
+    cores = os.cpu_count() or 1
+    workers = 1
+    if HydraConfig.initialized():
+        workers = OmegaConf.select(HydraConfig.get(), "launcher.n_jobs", default=None) or 1
+        workers = cores if workers < 0 else workers  # joblib: -1 = one worker per core
+    return max(1, cores // workers)
+
+
 def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     """Train on train, evaluate dev every epoch and test at the end; log everything to ``run``."""
-    torch.set_num_threads(cfg.trainer.threads or os.cpu_count() or 1)
+    torch.set_num_threads(torch_threads(cfg))
+    run.tags({"torch.threads": torch.get_num_threads()})
     set_seed(cfg.seed)
     task = tasks.get(cfg.data.task)
     if not 0 <= cfg.trainer.warmup_ratio < 1:

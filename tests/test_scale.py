@@ -1,0 +1,136 @@
+"""Scale-out: parallel joblib sweeps, submitit, the SLURM preset, and a PostgreSQL-backed server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, slice_overrides
+from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
+
+from ablate import server
+from ablate.config import conf_dir
+
+FREEZES = ("none", "all", "first2", "first4")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def assert_complete_grid(uri: str, experiment: str, n: int, epochs: int = 2) -> list:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == n
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert len({r.info.run_name for r in runs}) == n
+    for r in runs:
+        for key in ("dev_accuracy", "train_loss", "epoch_time_s"):
+            steps = [m.step for m in client.get_metric_history(r.info.run_id, key)]
+            assert sorted(steps) == list(range(1, epochs + 1)), (r.info.run_name, key)
+    default = client.get_experiment_by_name("Default")
+    assert default is None or not client.search_runs([default.experiment_id])
+    return runs
+
+
+def parallel_sweep(slice_root, uri: str, out: Path, *extra: str):
+    return run_cli(
+        "--multirun",
+        *slice_overrides(slice_root, uri, out),
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        f"freeze={','.join(FREEZES)}",
+        *extra,
+    )
+
+
+def test_joblib_parallel_sweep_into_a_fresh_sqlite_store(slice_root, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"  # schema created once, before the jobs
+    proc = parallel_sweep(slice_root, uri, tmp_path, "tracking.experiment=par")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = assert_complete_grid(uri, "par", 4)
+    expected = max(1, (os.cpu_count() or 1) // 2)  # cores divided between the 2 workers
+    assert {r.data.tags["torch.threads"] for r in runs} == {str(expected)}
+
+
+def test_submitit_local_launcher(slice_root, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli(
+        "--multirun",
+        *slice_overrides(slice_root, uri, tmp_path),
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=10",
+        "freeze=none,first2",
+        "trainer.epochs=1",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_complete_grid(uri, "ablate", 2, epochs=1)
+
+
+def test_slurm_preset_sets_the_knobs_a_slurm_user_needs():
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+            return_hydra_config=True,
+        )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.partition == "gpu"
+    for key in ("timeout_min", "cpus_per_task", "gpus_per_node", "mem_gb", "array_parallelism"):
+        assert launcher[key] is not None
+
+
+def test_unreachable_server_fails_before_training(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    proc = run_cli("model=tiny", f"tracking.uri={uri}", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert f"tracking.uri={uri}: no MLflow server answers" in proc.stderr
+    assert "Traceback" not in proc.stderr and "trainable" not in proc.stderr + proc.stdout
+
+
+def test_unwritable_store_fails_before_training(tmp_path):
+    proc = run_cli(
+        "model=tiny", "tracking.uri=sqlite:////proc/ablate/mlflow.db", f"hydra.run.dir={tmp_path}"
+    )
+    assert proc.returncode == 2
+    assert (
+        "tracking.uri=sqlite:////proc/ablate/mlflow.db: cannot create /proc/ablate" in proc.stderr
+    )
+
+
+@pytest.fixture
+def team_server():
+    """PostgreSQL + mlflow server on loopback, in a folder the postgres user can reach."""
+    folder = Path(tempfile.mkdtemp(prefix="ablate-server-"))
+    folder.chmod(0o755)
+    uri = server.start(folder, free_port(), free_port(), db_url=None)
+    yield uri, folder
+    server.stop(folder)
+
+
+def test_parallel_sweep_against_a_postgres_backed_server(team_server, slice_root, tmp_path):
+    uri, folder = team_server
+    state = (folder / server.STATE).read_text()
+    proc = parallel_sweep(slice_root, uri, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = assert_complete_grid(uri, "ablate", 4)
+    client = MlflowClient(uri)
+    # artifacts went through the server into its artifact root
+    assert {"config.yaml", "reports"} <= {
+        a.path for a in client.list_artifacts(runs[0].info.run_id)
+    }
+    assert any((folder / "artifacts").rglob("config.yaml"))
+    server.stop(folder)
+    assert not (folder / server.STATE).exists()
+    pid = __import__("json").loads(state)["mlflow_pid"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not (folder / "pg" / "postmaster.pid").exists()
