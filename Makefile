@@ -16,7 +16,7 @@ endif
 export MLFLOW_DISABLE_TELEMETRY ?= true
 TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 
-.PHONY: help setup run test lint format sweep ui clean distclean
+.PHONY: help setup run test lint format sweep ui server server-stop clean distclean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -50,6 +50,12 @@ sweep: $(STAMP) ## the earlier study's grid: 5 freeze options x naija,ewt (add A
 
 ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT)
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
+
+server: $(STAMP) ## team MLflow server + UI on PostgreSQL at http://127.0.0.1:$(PORT) (DB_URL=... : existing database)
+	$(PY) -m ablate.server start --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)")
+
+server-stop: $(STAMP) ## stop the server and database that `make server` started (by pid)
+	$(PY) -m ablate.server stop
 
 clean: ## remove run outputs and caches (keeps mlflow.db and .venv)
 	rm -rf outputs .pytest_cache .ruff_cache
