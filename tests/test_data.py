@@ -44,12 +44,49 @@ def test_word_counts_match_the_treebank_statistics():
     labels.check_labels(sentences, labels.UPOS, "naija dev")
 
 
-def test_label_outside_the_upos_inventory_names_file_and_sentence(tmp_path):
-    block = conllu_blocks(NAIJA / "pcm_nsc-ud-dev.conllu")[0].replace("\tNOUN\t", "\tNOUN2\t", 1)
+def test_label_outside_the_upos_inventory_names_file_line_and_tag(tmp_path):
+    blocks = conllu_blocks(NAIJA / "pcm_nsc-ud-dev.conllu")[:2]
+    text = "\n".join(blocks).replace("\tNOUN\t", "\tNOUN2\t", 1)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "\tNOUN2\t" in row)
     path = tmp_path / "bad.conllu"
-    path.write_text(block + "\n", encoding="utf-8")
-    with pytest.raises(AblateError, match=r"bad\.conllu: sentence 1, .*'NOUN2'.*ADJ, ADP"):
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(
+        AblateError, match=rf"bad\.conllu:{line}: word .* has label 'NOUN2', not one of ADJ"
+    ):
         labels.check_labels(data.read_conllu(path), labels.UPOS, str(path))
+
+
+GOOD = "1\tdem\tdem\tPRON\t_\t_\t2\tnsubj\t_\t_"
+
+
+@pytest.mark.parametrize(
+    ("lines", "bad_line", "message"),
+    [
+        (
+            ["# sent_id = a", GOOD, "2\tgo\tgo\tAUX"],
+            3,
+            "4 tab-separated columns; CoNLL-U lines have 10",
+        ),
+        ([GOOD, GOOD.replace("1", "x", 1)], 2, "id 'x' is not a word id"),
+        ([GOOD, GOOD.replace("1", "3", 1)], 2, "word id 3 where 2 was expected"),
+    ],
+    ids=["columns", "non-integer-id", "broken-sentence"],
+)
+def test_malformed_conllu_names_file_and_line(tmp_path, lines, bad_line, message):
+    path = tmp_path / "broken.conllu"
+    good_sentence = conllu_blocks(NAIJA / "pcm_nsc-ud-dev.conllu")[0]
+    text = good_sentence + "\n" + "\n".join(lines) + "\n"
+    path.write_text(text, encoding="utf-8")
+    offset = len(good_sentence.splitlines()) + 1  # the first sentence and its blank line
+    with pytest.raises(AblateError, match=rf"broken\.conllu:{offset + bad_line}: {message}"):
+        data.read_conllu(path)
+
+
+def test_empty_split_file_is_an_error(tmp_path):
+    path = tmp_path / "x-ud-dev.conllu"
+    path.write_text("\n", encoding="utf-8")
+    with pytest.raises(AblateError, match="x-ud-dev.conllu: no sentences"):
+        data.read_conllu(path)
 
 
 def test_user_treebank_is_found_by_the_ud_naming_pattern(slice_root):

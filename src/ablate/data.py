@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ class Sentence:
 
     words: tuple[str, ...]
     labels: tuple[str, ...]
+    lines: tuple[int, ...] = ()  # line of each word in its file, for error messages
 
 
 @dataclass(frozen=True)
@@ -113,17 +115,74 @@ def locate(cfg: DictConfig) -> SplitFiles:
     return SplitFiles(paths=paths, sha256=sha)
 
 
-def read_conllu(path: Path, lowercase: bool = False) -> list[Sentence]:
-    """Words and UPOS tags of a CoNLL-U file; multiword-token ranges and empty nodes are skipped."""
-    sentences = []
+_ID = re.compile(r"^(\d+)(?:-\d+|\.\d+)?$")  # word, multiword range (3-4) or empty node (8.1)
+
+
+def _sentence_blocks(path: Path):
+    """(line numbers, lines) of each blank-line-separated block, 1-based line numbers."""
+    numbers: list[int] = []
+    lines: list[str] = []
     with open(path, encoding="utf-8") as fh:
-        for tokenlist in conllu.parse_incr(fh):
-            # Ranges (3-4) and empty nodes (8.1) parse to tuples; only integer ids are words.
-            words = [t for t in tokenlist if isinstance(t["id"], int)]
-            sentences.append(
-                Sentence(
-                    words=tuple(t["form"].lower() if lowercase else t["form"] for t in words),
-                    labels=tuple(t["upos"] for t in words),
-                )
+        for number, line in enumerate(fh, start=1):
+            line = line.rstrip("\n").rstrip("\r")
+            if line.strip():
+                numbers.append(number)
+                lines.append(line)
+            elif lines:
+                yield numbers, lines
+                numbers, lines = [], []
+    if lines:
+        yield numbers, lines
+
+
+def _check_block(path: Path, numbers: list[int], lines: list[str]) -> None:
+    # conllu parses what it is given without checking the column count or the id sequence, and
+    # its errors carry no position; this check names file:line before anything is trained.
+    expected = 1
+    for number, line in zip(numbers, lines, strict=True):
+        if line.startswith("#"):
+            continue
+        columns = line.split("\t")
+        if len(columns) != 10:
+            raise AblateError(
+                f"{path}:{number}: {len(columns)} tab-separated columns; CoNLL-U lines have 10"
             )
+        match = _ID.match(columns[0])
+        if not match:
+            raise AblateError(
+                f"{path}:{number}: id {columns[0]!r} is not a word id, a range (3-4) or an "
+                f"empty node (8.1)"
+            )
+        if columns[0].isdigit():
+            if int(columns[0]) != expected:
+                raise AblateError(
+                    f"{path}:{number}: word id {columns[0]} where {expected} was expected "
+                    f"(broken sentence: ids must run 1, 2, 3, ...)"
+                )
+            expected += 1
+
+
+def read_conllu(path: Path, lowercase: bool = False) -> list[Sentence]:
+    """Words and UPOS tags of a CoNLL-U file; multiword-token ranges and empty nodes are skipped.
+
+    Malformed lines are an error naming ``file:line``; an empty file is an error.
+    """
+    sentences = []
+    for numbers, lines in _sentence_blocks(path):
+        _check_block(path, numbers, lines)
+        (tokenlist,) = conllu.parse("\n".join(lines) + "\n\n")
+        # Ranges (3-4) and empty nodes (8.1) parse to tuples; only integer ids are words.
+        words = [t for t in tokenlist if isinstance(t["id"], int)]
+        word_lines = [
+            n for n, line in zip(numbers, lines, strict=True) if line.split("\t")[0].isdigit()
+        ]
+        sentences.append(
+            Sentence(
+                words=tuple(t["form"].lower() if lowercase else t["form"] for t in words),
+                labels=tuple(t["upos"] for t in words),
+                lines=tuple(word_lines),
+            )
+        )
+    if not sentences:
+        raise AblateError(f"{path}: no sentences (an empty split file)")
     return sentences

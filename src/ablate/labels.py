@@ -18,14 +18,16 @@ IGNORE = -100  # label id that the loss and the metrics skip (sub-word continuat
 
 
 def check_labels(sentences: Sequence[Sentence], inventory: Sequence[str], source: str) -> None:
-    """Raise naming the file and sentence if any label is outside ``inventory``."""
+    """Raise naming ``file:line`` (or the sentence) of the first label outside ``inventory``."""
     allowed = set(inventory)
     for i, sentence in enumerate(sentences, start=1):
-        for word, label in zip(sentence.words, sentence.labels, strict=True):
+        for j, (word, label) in enumerate(zip(sentence.words, sentence.labels, strict=True)):
             if label not in allowed:
+                where = (
+                    f"{source}:{sentence.lines[j]}" if sentence.lines else f"{source}: sentence {i}"
+                )
                 raise AblateError(
-                    f"{source}: sentence {i}, word {word!r}: label {label!r} is not one of "
-                    f"{', '.join(inventory)}"
+                    f"{where}: word {word!r} has label {label!r}, not one of {', '.join(inventory)}"
                 )
 
 
