@@ -228,7 +228,7 @@ def train_time(report: Report):
                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
                     )  # fmt: skip
             _baseline_line(top, _base_value(s, report, "train_time_s"), f"{b} (baseline)")
-            top.set(title=panel, xlabel="", ylabel="train time (s)")
+            top.set(title=panel, xlabel="", ylabel="train time (s), epochs only")
 
             saved = s[s.strategy != b].melt(
                 id_vars="strategy", value_vars=["time_savings_pct", "param_savings_pct"],
@@ -252,6 +252,6 @@ def train_time(report: Report):
             for ax in (top, bottom):
                 ax.tick_params(axis="x", rotation=30)
         _titles(fig, report, "Training time per strategy and savings vs the baseline",
-                "bars: mean over seeds, dots: seeds; labels: change in train time vs "
-                f"{b}")  # fmt: skip
+                "time spent in training epochs (dev evaluation excluded); bars: mean over seeds, "
+                f"dots: seeds; labels: change vs {b}")  # fmt: skip
     return fig

@@ -40,13 +40,17 @@ STRATEGY_ORDER = (
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
 LEVEL = 0.95
 N_BOOT = 1000
-# Params that may differ between the seeds of one strategy without making them different studies.
-_FREE_PARAMS = ("seed", "freeze", "tracking.", "data.root", "model.name_or_path")
+# Params that may differ between the seeds of one strategy without making them different studies
+# (where files sit, how many threads or how large the eval batches were).
+_FREE_PARAMS = (
+    "seed", "freeze", "tracking.", "data.root", "model.name_or_path",
+    "trainer.threads", "trainer.eval_batch_size",
+)  # fmt: skip
 _RUN_METRICS = {
     "trainable_params": "trainable_params",
     "total_params": "total_params",
     "trainable_pct": "trainable_pct",
-    "train_time_s": "train_runtime_s",
+    "trainer_runtime_s": "train_runtime_s",
     "samples_per_s": "train_samples_per_s",
     "peak_rss_mb": "peak_rss_mb",
     "dev_words": "dev_words",
@@ -143,14 +147,16 @@ def load_runs(
     sweep: str | None = None,
     status: str | Sequence[str] | None = None,
     metric: str | None = None,
-    history: bool = True,
 ) -> Runs:
     """Read the runs of ``experiment`` from the store at ``uri`` (default: the project's store).
 
     Filters: ``data``/``model`` (the short params), ``sweep`` (a multirun folder, matched against
     the ``hydra.sweep_dir`` tag, or ``"latest"``), ``status`` (e.g. ``"FINISHED"``). ``metric`` is
     the primary metric; by default each run's comes from its ``data.task``. Per-epoch histories
-    come from MLflow's metric history (``search_runs`` only keeps the last value).
+    come from MLflow's metric history (``search_runs`` only keeps the last value); a run's
+    ``train_time_s`` is the sum of its per-epoch ``epoch_time_s`` (training only: the Trainer's
+    ``train_runtime_s``, kept as ``trainer_runtime_s``, also counts the dev evaluation after each
+    epoch, which freezing does not change).
     """
     uri = uri or default_tracking_uri()
     client = MlflowClient(tracking_uri=uri)
@@ -203,15 +209,16 @@ def load_runs(
     runs = runs.sort_values("start_time", ignore_index=True)
 
     hist = []
-    if history:
-        for row in runs[runs.status == "FINISHED"].itertuples():
-            for key in (f"dev_{row.metric}", "train_loss", "epoch_time_s"):
-                for point in client.get_metric_history(row.run_id, key):
-                    hist.append(
-                        (row.run_id, row.data, row.model, row.freeze, row.seed, key,
-                         point.step, point.value)
-                    )  # fmt: skip
+    for row in runs[runs.status == "FINISHED"].itertuples():
+        for key in (f"dev_{row.metric}", "train_loss", "epoch_time_s"):
+            for point in client.get_metric_history(row.run_id, key):
+                hist.append(
+                    (row.run_id, row.data, row.model, row.freeze, row.seed, key,
+                     point.step, point.value)
+                )  # fmt: skip
     history_df = pd.DataFrame(hist, columns=_HISTORY_COLUMNS)
+    epochs = history_df[history_df.key == "epoch_time_s"]
+    runs["train_time_s"] = runs.run_id.map(epochs.groupby("run_id").value.sum())
     source = {
         "uri": uri,
         "experiment": experiment,
@@ -224,8 +231,8 @@ def load_runs(
 
 _RUN_COLUMNS = [
     "run_id", "run_name", "status", "start_time", "data", "model", "freeze", "seed", "task",
-    "metric", "dev", "best_dev", "test", *_RUN_METRICS, "epochs", "sweep_dir", "job_num",
-    "git_commit", "error",
+    "metric", "dev", "best_dev", "test", *_RUN_METRICS, "train_time_s", "epochs", "sweep_dir",
+    "job_num", "git_commit", "error",
 ]  # fmt: skip
 _HISTORY_COLUMNS = ["run_id", "data", "model", "freeze", "seed", "key", "epoch", "value"]
 _EXCLUDED_COLUMNS = ["run_name", "data", "model", "freeze", "seed", "status", "reason"]
@@ -375,8 +382,9 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
         "test_std_pct": test.std(ddof=1) if n > 1 else math.nan,
         "trainable_params_m": cell.trainable_params.mean() / 1e6,
         "total_params_m": cell.total_params.mean() / 1e6,
-        "train_time_s": cell.train_time_s.mean(),
+        "train_time_s": cell.train_time_s.mean(skipna=False),
         "train_time_s_std": cell.train_time_s.std(ddof=1) if n > 1 else math.nan,
+        "trainer_runtime_s": cell.trainer_runtime_s.mean(),
     }
     if n >= 3:
         _, lo, hi = t_interval(dev)
@@ -430,7 +438,7 @@ _SUMMARY_COLUMNS = [
     "dev_mean_pct", "dev_std_pct", "dev_ci_low_pct", "dev_ci_high_pct", "dev_ci_method",
     "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
     "trainable_params_m", "total_params_m", "param_savings_pct",
-    "train_time_s", "train_time_s_std", "time_savings_pct",
+    "train_time_s", "train_time_s_std", "time_savings_pct", "trainer_runtime_s",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
 ]  # fmt: skip
 
@@ -590,8 +598,10 @@ def markdown(report: Report, charts: bool = True) -> str:
         numeric = [c for c in t.columns if c not in ("strategy", "interval")]
         lines += [f"## {panel}", "", _md_table(t, right=numeric), ""]
     lines += [
-        "Metric values are the final model's (last epoch), mean ± std over seeds; times are the "
-        f"Trainer's train runtime. Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
+        "Metric values are the final model's (last epoch), mean ± std over seeds. Train time is "
+        "the time spent in training epochs (sum of `epoch_time_s`), without the dev evaluation "
+        "after each epoch; the Trainer's runtime, which includes it, is `trainer_runtime_s` in "
+        f"summary.csv. Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
         "per-seed differences with 3 or more seeds, otherwise a percentile bootstrap over dev "
         f"words ({N_BOOT} resamples, fixed RNG seed) when the runs logged their dev predictions.",
         "",
