@@ -39,7 +39,9 @@ def test_empty_sentences_skipped_and_unknown_pieces_still_scored(tokenizer):
     zero_width = "\u200b"  # BERT's tokenizer drops it: no sub-words at all
     assert tokenizer.tokenize(zero_width) == []
     sentences = [data.Sentence((), ()), data.Sentence(("a", zero_width, "b"), ("DET", "X", "NOUN"))]
-    (feature,) = labels.encode(sentences, tokenizer, L2I, 128)
+    stats = {}
+    (feature,) = labels.encode(sentences, tokenizer, L2I, 128, stats)
+    assert stats == {"empty_sentences": 1, "windowed_sentences": 0, "truncated_words": 0}
     assert decode(feature) == [L2I["DET"], L2I["X"], L2I["NOUN"]]
     assert tokenizer.unk_token_id in feature["input_ids"]
 
@@ -51,8 +53,9 @@ def test_over_long_sentences_are_windowed_and_every_word_scored_once(tokenizer, 
         sentences,
         key=lambda s: len(tokenizer(list(s.words), is_split_into_words=True)["input_ids"]),
     )
-    features = labels.encode([longest], tokenizer, L2I, max_length)
-    assert len(features) > 1
+    stats = {}
+    features = labels.encode([longest], tokenizer, L2I, max_length, stats)
+    assert len(features) > 1 and stats["windowed_sentences"] == 1
     assert all(len(f["input_ids"]) <= max_length for f in features)
     assert [label for f in features for label in decode(f)] == [L2I[t] for t in longest.labels]
     assert labels.count_scored(features) == len(longest.words)
@@ -63,8 +66,10 @@ def test_over_long_sentences_are_windowed_and_every_word_scored_once(tokenizer, 
 def test_a_word_longer_than_the_window_keeps_its_first_pieces(tokenizer):
     word = "pneumonoultramicroscopicsilicovolcanoconiosis"
     assert len(tokenizer.tokenize(word)) > 4
+    stats = {}
     features = labels.encode(
-        [data.Sentence(("a", word, "b"), ("DET", "NOUN", "X"))], tokenizer, L2I, 6
+        [data.Sentence(("a", word, "b"), ("DET", "NOUN", "X"))], tokenizer, L2I, 6, stats
     )
+    assert stats["truncated_words"] == 1
     assert [decode(f) for f in features] == [[L2I["DET"]], [L2I["NOUN"]], [L2I["X"]]]
     assert max(len(f["input_ids"]) for f in features) == 6

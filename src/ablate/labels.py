@@ -32,7 +32,11 @@ def check_labels(sentences: Sequence[Sentence], inventory: Sequence[str], source
 
 
 def encode(
-    sentences: Sequence[Sentence], tokenizer, label2id: dict[str, int], max_length: int
+    sentences: Sequence[Sentence],
+    tokenizer,
+    label2id: dict[str, int],
+    max_length: int,
+    stats: dict[str, int] | None = None,
 ) -> list[dict[str, list[int]]]:
     """Tokenise sentences into model inputs whose first sub-word of each word carries its label.
 
@@ -40,11 +44,17 @@ def encode(
     words, so every gold word is scored exactly once (the tokenizer's own overflow handling
     splits inside words and overlaps windows, which would drop or double-count words).
     A word that the tokenizer maps to nothing is replaced by the unknown token, so it is still
-    scored; a single word longer than a window keeps its first sub-words.
+    scored; a single word longer than a window keeps its first sub-words. ``stats``, if given,
+    receives the counts of ``empty_sentences``, ``windowed_sentences`` and ``truncated_words``.
     """
+    counts = {"empty_sentences": 0, "windowed_sentences": 0, "truncated_words": 0}
+    if stats is not None:
+        stats.update(counts)
+        counts = stats
     budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
     if budget < 1:
         raise AblateError(f"data.max_length={max_length} leaves no room for words")
+    counts["empty_sentences"] += sum(1 for s in sentences if not s.words)
     sentences = [s for s in sentences if s.words]
     if not sentences:
         return []
@@ -60,8 +70,10 @@ def encode(
         words: list[str] = []
         ids: list[int] = []
         used = 0
+        counts["windowed_sentences"] += sum(max(n, 1) for n in n_pieces) > budget
         for word, n, label in zip(sentence.words, n_pieces, sentence.labels, strict=True):
             cost = min(max(n, 1), budget)
+            counts["truncated_words"] += n > budget
             if words and used + cost > budget:
                 windows.append(words)
                 window_labels.append(ids)
