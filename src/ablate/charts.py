@@ -7,6 +7,7 @@ computed here that the summary does not already hold, so charts and tables canno
 from __future__ import annotations
 
 import math
+import textwrap
 from contextlib import contextmanager
 
 import matplotlib.pyplot as plt
@@ -61,7 +62,8 @@ def _metric(report: Report) -> str:
 
 
 def _titles(fig, report: Report, title: str, subtitle: str) -> None:
-    fig.suptitle(f"{title}\n{subtitle}", fontsize=12)
+    width = int(70 * len(_panels(report)))  # a long subtitle would widen a one-panel figure
+    fig.suptitle(f"{title}\n{textwrap.fill(subtitle, width)}", fontsize=12)
     src = report.source
     fig.text(
         0.0, -0.02,

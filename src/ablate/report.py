@@ -603,7 +603,9 @@ def markdown(report: Report, charts: bool = True) -> str:
         "after each epoch; the Trainer's runtime, which includes it, is `trainer_runtime_s` in "
         f"summary.csv. Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
         "per-seed differences with 3 or more seeds, otherwise a percentile bootstrap over dev "
-        f"words ({N_BOOT} resamples, fixed RNG seed) when the runs logged their dev predictions.",
+        f"words ({N_BOOT} resamples, fixed RNG seed) when the runs logged their dev predictions; "
+        "that bootstrap covers the choice of dev sentences, not seed-to-seed variation (the ± std "
+        "shows that): run 3 or more seeds for an interval over seeds.",
         "",
     ]
     if report.notes:
