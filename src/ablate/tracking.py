@@ -53,6 +53,17 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
             raise AblateError(f"tracking.uri={uri}: {folder} is not writable")
 
 
+def artifact_root(uri: str) -> str | None:
+    """``mlartifacts/`` beside a sqlite store; None (the server's choice) for other stores.
+
+    Without it MLflow puts a sqlite store's artifacts in ``./mlruns`` of whichever process
+    created the experiment, so runs from different folders scatter their artifacts.
+    """
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
 def prepare(uri: str, experiment: str) -> str:
     """Create the store's schema and the experiment if missing; return the experiment id.
 
@@ -65,7 +76,7 @@ def prepare(uri: str, experiment: str) -> str:
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             try:
-                return client.create_experiment(experiment)
+                return client.create_experiment(experiment, artifact_location=artifact_root(uri))
             except MlflowException:  # another process created it first
                 exp = client.get_experiment_by_name(experiment)
     except MlflowException as exc:
