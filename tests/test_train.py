@@ -89,7 +89,6 @@ def test_tags_and_artifacts(single_run, slice_root, tmp_path):
     rid = run.info.run_id
     store_dir = Path(run.data.params["tracking.uri"].removeprefix("sqlite:///")).parent
     assert run.info.artifact_uri.startswith((store_dir / "mlartifacts").as_uri())
-    assert not (project_root() / "mlruns").exists()  # nothing scattered into the working dir
     top = {a.path for a in client.list_artifacts(rid)}
     assert {"config.yaml", ".hydra", "reports"} <= top
     assert {a.path for a in client.list_artifacts(rid, ".hydra")} >= {
