@@ -100,13 +100,16 @@ class ModelConfig:
     name_or_path: str = MISSING  # hub id or local folder (config, tokenizer, weights)
     pretrained: bool = True  # false: random weights from the (overridden) config
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    head: str = "linear"  # task head: linear (as the studies) | bilstm (BiLSTM, then linear)
+    lstm_hidden: int | None = None  # bilstm units per direction; null = half the encoder's width
 
 
 @dataclass
 class FreezeConfig:
-    """Which parts of the encoder stay fixed (``conf/freeze``); the union of the selectors freezes.
+    """Which parts of the encoder train, and how (``conf/freeze``).
 
-    The classifier head always trains.
+    ``strategy=layers``: the union of the block selectors freezes. Other strategies read their own
+    keys below; setting a key that the chosen strategy ignores is an error. The head always trains.
     """
 
     name: str = MISSING  # short name used in run names and the ``freeze`` param
@@ -117,6 +120,15 @@ class FreezeConfig:
     every: int = 0  # blocks 0, every, 2*every, ... (every=2: alternating)
     layers: list[int] = field(default_factory=list)  # explicit block indices
     embeddings: bool = False  # the embedding layer (trainable in the earlier study)
+    # strategy=lora (peft): rank, scaling alpha, dropout; target_modules null = per architecture
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.1
+    target_modules: list[str] | None = None
+    decay: float = 0.9  # strategy=llrd: lr x decay^(depth from the top) per block
+    # strategy=gradual: top blocks trainable in epoch 1, 2, ... (the last holds; n_blocks + 1 also
+    # unfreezes the embeddings); null = 0, 1, 2, ...: one more block each epoch
+    schedule: list[int] | None = None
 
 
 @dataclass

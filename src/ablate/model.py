@@ -6,9 +6,14 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from transformers import AutoConfig, AutoTokenizer
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
+from transformers.modeling_outputs import TokenClassifierOutput
 
 from ablate.errors import AblateError
+from ablate.labels import IGNORE
+
+HEADS = ("linear", "bilstm")
 
 
 def _load(what: str, cfg: DictConfig, fn, *args, **kwargs):
@@ -26,11 +31,84 @@ def load_tokenizer(cfg: DictConfig):
     return _load("tokenizer", cfg, AutoTokenizer.from_pretrained, use_fast=True)
 
 
+class BiLSTMTokenClassifier(nn.Module):
+    """Encoder -> dropout -> BiLSTM -> dropout -> linear classifier, one label per sub-word.
+
+    The contract of ``AutoModelForTokenClassification``: ``forward(input_ids, attention_mask,
+    labels=None)`` returns a ``TokenClassifierOutput`` whose ``loss`` (cross-entropy over the
+    positions whose label is not -100) is set when labels are given. Padding must be on the right
+    (the tokenizers of BERT-family encoders pad there): the LSTM reads only the real sub-words.
+    """
+
+    # The loss is a mean over the batch's labelled positions; the Trainer must not pass
+    # ``num_items_in_batch`` expecting a sum.
+    accepts_loss_kwargs = False
+    main_input_name = "input_ids"
+
+    def __init__(self, encoder: nn.Module, num_labels: int, lstm_hidden: int, dropout: float):
+        super().__init__()
+        self.encoder = encoder
+        self.config = encoder.config  # the Trainer and peft read it
+        self.dropout = nn.Dropout(dropout)
+        self.lstm = nn.LSTM(
+            encoder.config.hidden_size, lstm_hidden, batch_first=True, bidirectional=True
+        )
+        self.classifier = nn.Linear(2 * lstm_hidden, num_labels)
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The encoder, as ``base_model`` is for Hugging Face task models."""
+        return self.encoder
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.encoder.get_input_embeddings()
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        # Callers (the Trainer, peft) pass flags such as return_dict; only inputs go on.
+        extra = {
+            k: v
+            for k, v in kwargs.items()
+            if k in ("token_type_ids", "position_ids", "inputs_embeds") and v is not None
+        }
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **extra)[0]
+        hidden = self.dropout(hidden)
+        if attention_mask is None:
+            out, _ = self.lstm(hidden)
+        else:
+            lengths = attention_mask.sum(dim=1).clamp(min=1).cpu()
+            packed = pack_padded_sequence(hidden, lengths, batch_first=True, enforce_sorted=False)
+            out, _ = self.lstm(packed)
+            out, _ = pad_packed_sequence(out, batch_first=True, total_length=hidden.size(1))
+        logits = self.classifier(self.dropout(out))
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE
+            )
+        return TokenClassifierOutput(loss=loss, logits=logits)
+
+
+def _head_dropout(config) -> float:
+    for key in ("classifier_dropout", "hidden_dropout_prob", "dropout"):
+        value = getattr(config, key, None)
+        if value is not None:
+            return float(value)
+    return 0.1
+
+
 def build(cfg: DictConfig, model_class, label_names: Sequence[str]) -> nn.Module:
     """The encoder plus a fresh task head with ``len(label_names)`` outputs.
 
     ``model.pretrained=false`` builds random weights from the (overridden) config.
+    ``model.head=bilstm`` puts a BiLSTM (``model.lstm_hidden`` units per direction; null = half
+    the encoder's width) between the encoder and the classifier.
     """
+    if cfg.head not in HEADS:
+        raise AblateError(f"model.head={cfg.head!r} is not one of {', '.join(HEADS)}")
+    if cfg.head == "bilstm" and model_class is not AutoModelForTokenClassification:
+        raise AblateError(
+            f"model.head=bilstm labels every token; this task's model is {model_class.__name__}"
+        )
     overrides = OmegaConf.to_container(cfg.config_overrides, resolve=True)
     config = _load(
         "config",
@@ -42,8 +120,31 @@ def build(cfg: DictConfig, model_class, label_names: Sequence[str]) -> nn.Module
         **overrides,
     )
     if not cfg.pretrained:
-        return model_class.from_config(config)
-    return _load("weights", cfg, model_class.from_pretrained, config=config)
+        model = model_class.from_config(config)
+    else:
+        model = _load("weights", cfg, model_class.from_pretrained, config=config)
+    if cfg.head == "linear":
+        return model
+    # The task model's own encoder: loaded the same way for every architecture, and without the
+    # pooler that a bare AutoModel would add and never use.
+    lstm_hidden = cfg.lstm_hidden if cfg.lstm_hidden is not None else config.hidden_size // 2
+    if lstm_hidden < 1:
+        raise AblateError(f"model.lstm_hidden={cfg.lstm_hidden}: must be a positive integer")
+    return BiLSTMTokenClassifier(
+        model.base_model, len(label_names), lstm_hidden, _head_dropout(config)
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The task model under an adapter wrapper (peft's ``PeftModel``), else ``model`` itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def encoder(model: nn.Module) -> nn.Module:
+    """The transformer under the task head (``base_model`` of a Hugging Face task model)."""
+    inner = unwrap(model)
+    return getattr(inner, "base_model", inner)
 
 
 def blocks(model: nn.Module) -> nn.ModuleList:
@@ -52,7 +153,7 @@ def blocks(model: nn.Module) -> nn.ModuleList:
     Known layouts first (BERT/RoBERTa/XLM-R/ELECTRA/DeBERTa: ``encoder.layer``; DistilBERT:
     ``transformer.layer``); otherwise the one ModuleList as long as ``config.num_hidden_layers``.
     """
-    base = getattr(model, "base_model", model)
+    base = encoder(model)
     for path in ("encoder.layer", "transformer.layer", "encoder.layers", "layers"):
         module = base
         for attr in path.split("."):
@@ -71,12 +172,34 @@ def blocks(model: nn.Module) -> nn.ModuleList:
 
 def embeddings(model: nn.Module) -> nn.Module:
     """The embedding layer (token, position and type embeddings with their norm)."""
-    base = getattr(model, "base_model", model)
-    module = getattr(base, "embeddings", None)
-    return module if isinstance(module, nn.Module) else model.get_input_embeddings()
+    module = getattr(encoder(model), "embeddings", None)
+    return module if isinstance(module, nn.Module) else unwrap(model).get_input_embeddings()
+
+
+def head_modules(model: nn.Module) -> list[str]:
+    """Names of the task model's top-level modules with parameters outside the encoder."""
+    inner = unwrap(model)
+    base = encoder(model)
+    return [
+        name
+        for name, child in inner.named_children()
+        if child is not base and any(True for _ in child.parameters())
+    ]
+
+
+def _shadow_params(model: nn.Module) -> set[int]:
+    # peft keeps a frozen copy of every module it trains in full (``modules_to_save``, e.g. the
+    # classifier) as ``original_module``; the model in use holds the trained copy instead.
+    return {
+        id(p)
+        for m in model.modules()
+        if hasattr(m, "original_module") and hasattr(m, "modules_to_save")
+        for p in m.original_module.parameters()
+    }
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    params = list(model.parameters())
+    """(trainable, total) parameter counts of the model as used (adapters included)."""
+    shadow = _shadow_params(model)
+    params = [p for p in model.parameters() if id(p) not in shadow]
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

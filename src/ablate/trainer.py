@@ -104,6 +104,7 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
 
     model = model_lib.build(cfg.model, task.model_class, task.labels)
     applied = freeze.apply(model, cfg.freeze)
+    model = applied.model  # a strategy may wrap it (LoRA)
     run.metrics(
         {
             "trainable_params": applied.trainable_params,
@@ -128,9 +129,17 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         processing_class=tokenizer,
         compute_metrics=task.compute_metrics,
         preprocess_logits_for_metrics=metrics.argmax_logits,
-        callbacks=[epochs],
+        callbacks=[epochs, *(make(run) for make in applied.callbacks)],
     )
+    if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
+        trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)
     train_out = trainer.train()
+    for folder, write in applied.artifacts.items():  # e.g. the LoRA adapter, not the whole model
+        import mlflow  # here, not at the top: ablate.tracking configures it before its import
+
+        with tempfile.TemporaryDirectory() as tmp:
+            write(tmp)
+            mlflow.log_artifacts(tmp, folder)
 
     results: dict[str, float] = {
         "train_runtime_s": train_out.metrics["train_runtime"],
