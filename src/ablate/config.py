@@ -150,6 +150,7 @@ class TrackingConfig:
 
     uri: str = "${ablate.tracking_uri:}"
     experiment: str = "ablate"
+    tags: dict[str, str] = field(default_factory=dict)  # added to every run (e.g. its study)
 
 
 @dataclass

@@ -209,6 +209,7 @@ def start_run(cfg: DictConfig) -> Iterator[Run]:
             )
             mlflow.log_params(params)
             run.tags({**_git(), **_hydra_info(), "started_unix": int(time.time())})
+            run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr search's study)
             run.text(OmegaConf.to_yaml(resolved), "config.yaml")
             if HydraConfig.initialized():
                 hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
