@@ -1,0 +1,342 @@
+"""Strategies beyond layer freezing (LoRA, BitFit, LLRD, gradual unfreezing, embeddings), the
+BiLSTM head and the fair-lr search: exact MiniLM counts, optimiser groups, schedules, real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_cli, slice_overrides
+from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+from transformers import DataCollatorForTokenClassification, DistilBertConfig, TrainerCallback
+
+from ablate import data, freeze, labels, search, tracking, trainer
+from ablate import model as model_lib
+from ablate.config import conf_dir
+from ablate.errors import AblateError
+from ablate.tasks import TASKS
+
+NEW = ("lora", "bitfit", "llrd", "gradual", "embeddings")
+C = len(labels.UPOS)
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def build(cfg):
+    return model_lib.build(cfg.model, TASKS["pos"].model_class, labels.UPOS)
+
+
+def bert_parts(c) -> dict[str, int]:
+    """Parameter counts of a BERT token classifier's parts, from its config alone."""
+    h, i, n = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    block = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * (2 * h)  # QKV+out, FFN, 2 LayerNorms
+    emb = (c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * h + 2 * h
+    block_biases = 4 * h + i + h + 2 * h  # QKV+out, FFN in and out, 2 LayerNorm biases
+    return {
+        "block": block,
+        "blocks": n * block,
+        "emb": emb,
+        "biases": n * block_biases + h,  # + the embeddings' LayerNorm bias
+        "head": h * C + C,
+    }
+
+
+def expected_counts(option: str, cfg, c) -> tuple[int, int]:
+    """(trainable, total) for MiniLM under ``option``, from the model and freeze configs."""
+    p = bert_parts(c)
+    total = p["emb"] + p["blocks"] + p["head"]
+    f = cfg.freeze
+    if option == "lora":
+        adapters = c.num_hidden_layers * len(["query", "value"]) * f.r * 2 * c.hidden_size
+        return adapters + p["head"], total + adapters
+    trainable = {
+        "none": total,
+        "llrd": total,
+        "all": p["emb"] + p["head"],
+        "embeddings": p["blocks"] + p["head"],
+        "bitfit": p["biases"] + p["head"],
+        "gradual": p["head"],  # epoch 1: the head only
+    }[option]
+    return trainable, total
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return build(compose_cfg())
+
+
+@pytest.mark.parametrize("option", ["none", "all", *NEW])
+def test_minilm_trainable_counts_are_exact(minilm, option):
+    cfg = compose_cfg(f"freeze={option}")
+    model = build(cfg) if option == "lora" else minilm  # LoRA modifies the model it wraps
+    applied = freeze.apply(model, cfg.freeze)
+    expected = expected_counts(option, cfg, model.config)
+    assert (applied.trainable_params, applied.total_params) == expected
+    trainable = sum(p.numel() for p in applied.model.parameters() if p.requires_grad)
+    assert trainable == applied.trainable_params
+
+
+def test_minilm_counts_are_ordered_bitfit_lora_all_none(minilm):
+    counts = {}
+    for option in ("bitfit", "lora", "all", "none"):
+        cfg = compose_cfg(f"freeze={option}")
+        counts[option] = expected_counts(option, cfg, minilm.config)[0]
+    assert counts["bitfit"] < counts["lora"] < counts["all"] < counts["none"]
+
+
+def test_bilstm_head_on_a_frozen_minilm_counts():
+    cfg = compose_cfg("freeze=all", "model.head=bilstm")
+    model = build(cfg)
+    applied = freeze.apply(model, cfg.freeze)
+    c, p = model.config, bert_parts(model.config)
+    h = c.hidden_size // 2  # model.lstm_hidden: null = half the encoder's width
+    lstm = 2 * 4 * (h * c.hidden_size + h * h + 2 * h)  # 2 directions x 4 gates, 2 bias vectors
+    head = lstm + 2 * h * C + C
+    assert applied.trainable_params == p["emb"] + head
+    assert applied.total_params == p["emb"] + p["blocks"] + head
+    assert applied.frozen_blocks == list(range(c.num_hidden_layers))
+
+
+def test_lora_targets_default_per_architecture_and_are_checked(minilm):
+    assert freeze.lora_targets(minilm, compose_cfg("freeze=lora").freeze) == ["query", "value"]
+    distil = DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=37, num_labels=C)
+    distil_model = TASKS["pos"].model_class.from_config(distil)
+    assert freeze.lora_targets(distil_model, compose_cfg("freeze=lora").freeze) == [
+        "q_lin",
+        "v_lin",
+    ]
+    cfg = compose_cfg("freeze=lora", "freeze.target_modules=[query,qkv]").freeze
+    with pytest.raises(AblateError, match=r"freeze\.target_modules=.*\['qkv'\].*query, value"):
+        freeze.lora_targets(minilm, cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["freeze=llrd", "freeze.decay=0"], r"freeze\.decay=0\.0: must be in \(0, 1\]"),
+        (["freeze=llrd", "freeze.decay=1.5"], r"freeze\.decay=1\.5: must be in \(0, 1\]"),
+        (["freeze=gradual", "freeze.schedule=[2,1]"], r"freeze\.schedule=\[2, 1\]: .*0 and 7"),
+        (["freeze=gradual", "freeze.schedule=[9]"], r"freeze\.schedule=\[9\]"),
+        (["freeze=lora", "freeze.r=0"], r"freeze\.r=0"),
+        (["freeze=lora", "freeze.first=2"], r"freeze\.first=2 has no effect .*strategy=lora"),
+        (["freeze=bitfit", "freeze.decay=0.5"], r"freeze\.decay=0\.5 has no effect"),
+        (["freeze=none", "freeze.strategy=magic"], r"freeze\.strategy='magic' is not one of"),
+    ],
+)
+def test_bad_strategy_settings_are_clear_errors(minilm, overrides, message):
+    with pytest.raises(AblateError, match=message):
+        freeze.apply(minilm, compose_cfg(*overrides).freeze)
+
+
+def test_unknown_head_is_a_clear_error():
+    with pytest.raises(AblateError, match=r"model\.head='crf' is not one of linear, bilstm"):
+        build(compose_cfg("model=tiny", "model.head=crf"))
+
+
+# -- real training, in this process (the same trainer.fit the CLI calls) -----------------------
+
+
+class Recorder(TrainerCallback):
+    """Per epoch: each block's requires_grad, whether it changed, and the optimiser's groups."""
+
+    def bind(self, model):
+        self.model, self.epochs, self.groups = model, [], None
+        return self
+
+    def _blocks(self):
+        return model_lib.blocks(self.model)
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        self.groups = [dict(g) for g in optimizer.param_groups]
+
+    def on_epoch_begin(self, args, state, control, **kwargs):  # after GradualUnfreezing's
+        self.before = [[p.detach().clone() for p in b.parameters()] for b in self._blocks()]
+        self.trains = [all(p.requires_grad for p in b.parameters()) for b in self._blocks()]
+        self.frozen = [not any(p.requires_grad for p in b.parameters()) for b in self._blocks()]
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        changed = [
+            any(not torch.equal(a, p) for a, p in zip(old, b.parameters(), strict=True))
+            for old, b in zip(self.before, self._blocks(), strict=True)
+        ]
+        self.epochs.append({"trains": self.trains, "frozen": self.frozen, "changed": changed})
+
+
+def fit(slice_root, store, *overrides):
+    """trainer.fit (what the CLI runs) on the Naija slice with the tiny model, in this process."""
+    base = [o for o in slice_overrides(slice_root, store, ROOT) if not o.startswith("hydra.")]
+    cfg = compose_cfg(*base, *overrides)
+    with tracking.start_run(cfg) as run:
+        results = trainer.fit(cfg, run)
+    return cfg, run.id, results
+
+
+def record(monkeypatch, recorder: Recorder) -> Recorder:
+    """Add ``recorder`` to the callbacks of the next strategy applied, after the strategy's own."""
+    original = freeze.apply
+
+    def apply(model, cfg):
+        applied = original(model, cfg)
+        applied.callbacks.append(lambda run: recorder.bind(applied.model))
+        return applied
+
+    monkeypatch.setattr(freeze, "apply", apply)
+    return recorder
+
+
+def test_llrd_learning_rates_read_back_from_the_optimizer(slice_root, store, monkeypatch):
+    rec = record(monkeypatch, Recorder())
+    cfg, _, _ = fit(
+        slice_root, store, "freeze=llrd", "freeze.decay=0.5", "trainer.lr=1e-3", "trainer.epochs=1"
+    )
+    lr, decay, wd = cfg.trainer.lr, cfg.freeze.decay, cfg.trainer.weight_decay
+    n = len(model_lib.blocks(rec.model))
+    expected = {"head": lr, "embeddings": lr * decay**n}
+    expected.update({f"block{i}": lr * decay ** (n - 1 - i) for i in range(n)})
+    seen = {}
+    names = {id(p): name for name, p in rec.model.named_parameters()}
+    for g in rec.groups:
+        assert g["lr"] == pytest.approx(expected[g["group"]])
+        for p in g["params"]:
+            no_decay = "bias" in names[id(p)] or "LayerNorm" in names[id(p)]
+            assert g["weight_decay"] == (0.0 if no_decay else wd), names[id(p)]
+            seen[id(p)] = g["group"]
+    assert len(seen) == len(names)  # every parameter, each in one group
+    blocks = model_lib.blocks(rec.model)
+    assert all(seen[id(p)] == "block0" for p in blocks[0].parameters())
+    assert rec.groups[0]["group"] == "head"  # the Trainer logs the first group's lr
+
+
+def test_gradual_unfreezes_on_schedule(slice_root, store, monkeypatch):
+    rec = record(monkeypatch, Recorder())
+    _, run_id, _ = fit(
+        slice_root, store, "freeze=gradual", "freeze.schedule=[0,2,7]", "trainer.epochs=3",
+        "trainer.lr=1e-3",
+    )  # fmt: skip
+    n = len(model_lib.blocks(rec.model))
+    for epoch, k in enumerate([0, 2, n]):  # 7 = every block and the embeddings
+        tops = [i >= n - k for i in range(n)]
+        seen = rec.epochs[epoch]
+        assert seen["trains"] == tops and seen["frozen"] == [not t for t in tops], epoch
+        assert seen["changed"] == tops, epoch  # unfrozen blocks do get optimiser steps
+    history = MlflowClient(store).get_metric_history(run_id, "trainable_params")
+    by_step = {m.step: int(m.value) for m in history}
+    model, blocks = rec.model, model_lib.blocks(rec.model)
+    head = sum(p.numel() for p in model.classifier.parameters())
+    two = sum(p.numel() for b in blocks[n - 2 :] for p in b.parameters())
+    everything = sum(p.numel() for p in model.parameters())
+    assert by_step == {0: head, 1: head, 2: head + two, 3: everything}
+    assert all(p.requires_grad for p in model_lib.embeddings(model).parameters())
+
+
+def test_frozen_encoder_with_bilstm_head_runs(slice_root, store):
+    cfg, run_id, results = fit(slice_root, store, "freeze=all", "model.head=bilstm")
+    run = MlflowClient(store).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["model.head"] == "bilstm"
+    assert 0.0 <= results["dev_accuracy"] <= 1.0 and results["dev_words"] > 0
+    frozen = json.loads(run.data.tags["freeze.frozen_blocks"])
+    assert frozen == list(range(cfg.model.config_overrides.num_hidden_layers))
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_lora_adapter_artifact_reloads_with_the_same_predictions(slice_root, store, tmp_path):
+    from peft import PeftModel
+
+    cfg, run_id, _ = fit(
+        slice_root, store, "model=minilm", "freeze=lora", "trainer.lr=2e-3", "trainer.epochs=1",
+        "data.max_train_sentences=48",
+    )  # fmt: skip
+    client = MlflowClient(store)
+    adapter = client.download_artifacts(run_id, "adapter", str(tmp_path))
+    files = sorted(os.listdir(adapter))
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(files)
+    assert not {"model.safetensors", "pytorch_model.bin"} & set(files)  # not the whole model
+    reloaded = PeftModel.from_pretrained(build(cfg), adapter).eval()
+    weights = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+    adapter_and_head = expected_counts("lora", cfg, reloaded.config)[0]
+    assert sum(t.numel() for t in weights.values()) == adapter_and_head  # nothing else
+    assert any(k.endswith("lora_B.weight") and t.abs().sum() > 0 for k, t in weights.items())
+
+    path = client.download_artifacts(run_id, "predictions/dev.json", str(tmp_path))
+    logged = json.loads(Path(path).read_text())
+    tokenizer = model_lib.load_tokenizer(cfg.model)
+    dev = next((slice_root / "ud" / "UD_Naija-Slice").glob("*-ud-dev.conllu"))
+    label2id = {name: i for i, name in enumerate(labels.UPOS)}
+    feats = labels.encode(data.read_conllu(dev, lowercase=True), tokenizer, label2id, 128)
+    collate = DataCollatorForTokenClassification(tokenizer)
+    gold, pred = [], []
+    size = cfg.trainer.eval_batch_size
+    with torch.no_grad():
+        for start in range(0, len(feats), size):
+            batch = collate(feats[start : start + size])
+            out = reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            mask = batch["labels"] != labels.IGNORE
+            gold += batch["labels"][mask].tolist()
+            pred += out.logits.argmax(-1)[mask].tolist()
+    assert gold == logged["gold"]
+    assert pred == logged["pred"]
+
+
+# -- the real CLI ------------------------------------------------------------------------------
+
+
+def test_a_short_real_run_per_option(slice_root, store, tmp_path):
+    options = ",".join(NEW)  # none and all: tests/test_train.py
+    proc = run_cli(
+        "--multirun", *slice_overrides(slice_root, store, tmp_path), "data.max_train_sentences=48",
+        f"freeze={options}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    by_option = {r.data.params["freeze"]: r for r in runs}
+    assert sorted(by_option) == sorted(options.split(","))
+    assert all(r.info.status == "FINISHED" for r in runs)
+    n = {k: int(r.data.metrics["trainable_params"]) for k, r in by_option.items()}
+    total = int(by_option["llrd"].data.metrics["total_params"])
+    assert n["bitfit"] < n["lora"] < n["embeddings"] < n["llrd"] == total
+    for r in runs:
+        assert {"trainable_params", "total_params", "trainable_pct"} <= set(r.data.metrics)
+    history = client.get_metric_history(by_option["gradual"].info.run_id, "trainable_params")
+    gradual = [int(m.value) for m in sorted(history, key=lambda m: m.step)]
+    assert [m.step for m in sorted(history, key=lambda m: m.step)] == [0, 1, 2]  # start, epochs
+    assert gradual[0] == gradual[1] < n["bitfit"] and gradual[1] < gradual[2] == n["gradual"]
+    lora_files = {a.path for a in client.list_artifacts(by_option["lora"].info.run_id, "adapter")}
+    assert "adapter/adapter_model.safetensors" in lora_files
+
+
+def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_path, capsys):
+    overrides = [
+        *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
+        "data.max_train_sentences=48", "hydra.sweeper.n_trials=2",
+    ]  # fmt: skip
+    # ablate.search runs one `python -m ablate.train --multirun hparams_search=lr` per option.
+    assert search.main([*overrides, "freeze=bitfit,lora"]) == 0
+    table = capsys.readouterr().out
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
+    studies: dict[str, list] = {}
+    for r in runs:
+        studies.setdefault(r.data.tags["study"], []).append(r)
+    assert sorted(studies) == ["lr-UD_Naija-Slice-tiny-bitfit", "lr-UD_Naija-Slice-tiny-lora"]
+    for name, trials in studies.items():
+        option = name.rsplit("-", 1)[1]
+        assert len(trials) == 2 and {r.data.params["freeze"] for r in trials} == {option}
+        lrs = [float(r.data.params["trainer.lr"]) for r in trials]
+        assert all(1e-5 <= lr <= 1e-3 for lr in lrs) and lrs[0] != lrs[1]
+        top = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
+        row = next(line for line in table.splitlines() if f"| {name} |" in line)
+        assert f"| 2 | {float(top.data.params['trainer.lr']):.3g} |" in row
+        assert top.info.run_id in row
+    # The same table again, from the store alone.
+    assert search.main(["--report-only", *overrides]) == 0
+    assert capsys.readouterr().out.strip() == table.strip()
