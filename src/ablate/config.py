@@ -141,7 +141,9 @@ class TrainerConfig:
     eval_batch_size: int = 64
     weight_decay: float = 0.01
     warmup_ratio: float = 0.0
-    threads: int | None = None  # torch intra-op threads; null = every core
+    threads: int | None = None  # torch intra-op threads; null = every core (divided among workers)
+    checkpoints: bool = True  # keep the last epoch's checkpoint until the run finishes (resume)
+    resume: bool = False  # continue the newest KILLED run of the same config from its checkpoint
 
 
 @dataclass
@@ -161,6 +163,7 @@ class TrainConfig:
     model: ModelConfig = MISSING
     freeze: FreezeConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    stale_after_min: float = 30.0  # a RUNNING run with no heartbeat this long is marked KILLED
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     seed: int = 42
 
@@ -172,3 +175,4 @@ def register() -> None:
 
 
 register()
+    skip_finished: bool = False  # return at once if an identical config already has a FINISHED run

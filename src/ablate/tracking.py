@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
 import time
@@ -65,8 +67,10 @@ def artifact_root(uri: str) -> str | None:
     return None
 
 
-def prepare(uri: str, experiment: str) -> str:
+def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> str:
     """Create the store's schema and the experiment if missing; return the experiment id.
+
+    With ``stale_after_min``, RUNNING runs whose process died are marked KILLED first.
 
     Called once before the jobs of a sweep start (``PrepareStore``): parallel jobs racing to create
     tables or the experiment corrupt runs silently (BRIEF.md §5).
@@ -88,6 +92,8 @@ def prepare(uri: str, experiment: str) -> str:
             f"(mlflow experiments restore --experiment-id {exp.experiment_id}) or choose "
             f"another tracking.experiment"
         )
+    if stale_after_min is not None:
+        mark_stale_runs(client, exp.experiment_id, stale_after_min * 60)
     return exp.experiment_id
 
 
@@ -96,7 +102,9 @@ class PrepareStore(Callback):
 
     def _prepare(self, config: DictConfig) -> None:
         try:
-            prepare(config.tracking.uri, config.tracking.experiment)
+            prepare(
+                config.tracking.uri, config.tracking.experiment, config.tracking.stale_after_min
+            )
         except AblateError as exc:
             print(f"ablate: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None  # before any job: one line, no traceback
@@ -106,6 +114,87 @@ class PrepareStore(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._prepare(config)
+
+
+# Keys that say where a run goes or how it is scheduled, not what it computes.
+NOT_IDENTITY = ("tracking", "skip_finished", "trainer.resume", "data.root")
+
+
+def identity(cfg: DictConfig) -> str:
+    """sha256 of the resolved config without where-and-how keys: equal runs have equal identity.
+
+    ``data.root`` is left out because data files are identified by their sha256 (pinned, tagged).
+    """
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for dotted in NOT_IDENTITY:
+        *parents, leaf = dotted.split(".")
+        node = resolved
+        for key in parents:
+            node = node.get(key, {})
+        node.pop(leaf, None)
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def environment() -> dict[str, str]:
+    """Versions and device: what a reader needs to reproduce a number."""
+    import importlib.metadata as md
+    import platform
+
+    import torch
+
+    tags = {"versions.python": platform.python_version()}
+    for package in ("torch", "transformers", "peft", "mlflow", "hydra-core", "accelerate"):
+        try:
+            tags[f"versions.{package}"] = md.version(package)
+        except md.PackageNotFoundError:
+            tags[f"versions.{package}"] = "absent"
+    tags["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    tags["host"] = socket.gethostname()
+    return tags
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_stale_runs(client: MlflowClient, experiment_id: str, stale_after_s: float) -> list[str]:
+    """Mark KILLED the RUNNING runs whose process died; return their ids.
+
+    Dead means: started on this host by a process that no longer exists, or (any host) no
+    heartbeat for ``stale_after_s`` seconds. A SIGKILL or a preemption leaves no other trace.
+    """
+    host, now, killed = socket.gethostname(), time.time(), []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'"):
+        tags = run.data.tags
+        pid = int(tags.get("ablate.pid", "0") or 0)
+        beat = float(tags.get("ablate.heartbeat", run.info.start_time / 1000))
+        if tags.get("host") == host and pid and not _alive(pid):
+            reason = f"process {pid} on {host} is gone"
+        elif now - beat > stale_after_s:
+            reason = f"no heartbeat for {(now - beat) / 60:.0f} min"
+        else:
+            continue
+        client.set_tag(run.info.run_id, "ablate.killed_reason", reason)
+        client.set_terminated(run.info.run_id, status="KILLED")
+        killed.append(run.info.run_id)
+    return killed
+
+
+def latest_run(client: MlflowClient, experiment_id: str, ident: str, status: str):
+    """The newest run of this experiment with identity ``ident`` and ``status``, or None."""
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`ablate.identity` = '{ident}' and attributes.status = '{status}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
 
 
 def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -171,9 +260,23 @@ def peak_rss_mb() -> float:
 class Run:
     """The MLflow run of the current job."""
 
-    def __init__(self, run_id: str, cfg: DictConfig):
+    def __init__(self, run_id: str, cfg: DictConfig, client: MlflowClient, resumed=None):
         self.id = run_id
         self.cfg = cfg
+        self.client = client
+        self.resumed = resumed  # the KILLED run this job continues, or None
+
+    def history(self, key: str) -> list[float]:
+        """Values of a per-epoch metric logged so far, in epoch order."""
+        points = self.client.get_metric_history(self.id, key)
+        return [m.value for m in sorted(points, key=lambda m: m.step)]
+
+    def artifacts(self, folder: str, path: str) -> None:
+        mlflow.log_artifacts(folder, path)
+
+    def heartbeat(self) -> None:
+        """Record that this run's process is alive (see ``mark_stale_runs``)."""
+        mlflow.set_tag("ablate.heartbeat", f"{time.time():.0f}")
 
     def tags(self, tags: Mapping[str, Any]) -> None:
         mlflow.set_tags({k: str(v) for k, v in tags.items()})
@@ -189,33 +292,58 @@ class Run:
         mlflow.log_text(json.dumps(obj, separators=(",", ":")), path)
 
 
+def finished_twin(cfg: DictConfig):
+    """The newest FINISHED run whose config is identical to ``cfg`` (see ``identity``), or None."""
+    experiment_id = prepare(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.stale_after_min)
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    return latest_run(client, experiment_id, identity(cfg), "FINISHED")
+
+
 @contextmanager
 def start_run(cfg: DictConfig) -> Iterator[Run]:
     """Open this job's MLflow run with params, tags and config artifacts.
 
-    The run ends FINISHED, or FAILED (with an ``error`` tag) if the body raises; the exception
-    propagates so a sweep records the job as failed and goes on with the next one.
+    The run ends FINISHED, or FAILED (with an ``error`` tag) if the body raises, or KILLED on
+    Ctrl-C; the exception propagates so a sweep records the job as failed and goes on with the
+    next one. With ``trainer.resume=true`` the newest KILLED run of the same config is reopened
+    (``Run.resumed``) instead of starting a new one.
     """
     uri = cfg.tracking.uri
-    experiment_id = prepare(uri, cfg.tracking.experiment)
+    experiment_id = prepare(uri, cfg.tracking.experiment, cfg.tracking.stale_after_min)
     mlflow.set_tracking_uri(uri)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name(cfg)) as active:
-        run = Run(active.info.run_id, cfg)
+    client = MlflowClient(tracking_uri=uri)
+    ident = identity(cfg)
+    resumed = latest_run(client, experiment_id, ident, "KILLED") if cfg.trainer.resume else None
+    if resumed is not None:
+        opened = mlflow.start_run(run_id=resumed.info.run_id)
+    else:
+        opened = mlflow.start_run(experiment_id=experiment_id, run_name=run_name(cfg))
+    with opened as active:
+        run = Run(active.info.run_id, cfg, client, resumed)
         try:
-            params = flatten(resolved)
-            params.update(
-                data=cfg.data.name, freeze=cfg.freeze.name, model=cfg.model.name, seed=cfg.seed
-            )
-            mlflow.log_params(params)
-            run.tags({**_git(), **_hydra_info(), "started_unix": int(time.time())})
+            if resumed is None:  # a reopened run keeps its params (re-logging one would raise)
+                resolved = OmegaConf.to_container(cfg, resolve=True)
+                params = flatten(resolved)
+                params.update(
+                    data=cfg.data.name, freeze=cfg.freeze.name, model=cfg.model.name, seed=cfg.seed
+                )
+                mlflow.log_params(params)
+                run.text(OmegaConf.to_yaml(resolved), "config.yaml")
+                if HydraConfig.initialized():
+                    hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
+                    if hydra_dir.is_dir():
+                        mlflow.log_artifacts(str(hydra_dir), ".hydra")
+            else:
+                run.tags({"ablate.resumed": "true"})
+            run.tags({**_git(), **_hydra_info(), **environment()})
+            run.tags({"ablate.identity": ident, "ablate.pid": os.getpid()})
             run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr search's study)
-            run.text(OmegaConf.to_yaml(resolved), "config.yaml")
-            if HydraConfig.initialized():
-                hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
-                if hydra_dir.is_dir():
-                    mlflow.log_artifacts(str(hydra_dir), ".hydra")
+            run.heartbeat()
             yield run
+        except KeyboardInterrupt:
+            mlflow.set_tag("error", "KeyboardInterrupt")
+            mlflow.end_run("KILLED")  # interrupted, not broken: resumable like a preempted run
+            raise
         except BaseException as exc:
             mlflow.set_tag("error", f"{type(exc).__name__}: {exc}"[:5000])
             raise
@@ -228,11 +356,20 @@ class EpochLogger(TrainerCallback):
     TrainingArguments field as a param, which would clash with ours; this keeps one scheme.
     """
 
+    HEARTBEAT_S = 60.0
+
     def __init__(self, run: Run, primary: str = "accuracy"):
         self.run = run
         self.primary = primary
-        self.history: list[float] = []
+        # a resumed run's earlier epochs count for best_dev_*
+        self.history: list[float] = run.history(f"dev_{primary}") if run.resumed else []
         self._t0 = 0.0
+        self._beat = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() - self._beat > self.HEARTBEAT_S:
+            self._beat = time.monotonic()
+            self.run.heartbeat()
 
     @staticmethod
     def _epoch(state) -> int:
@@ -243,6 +380,7 @@ class EpochLogger(TrainerCallback):
 
     def on_epoch_end(self, args, state, control, **kwargs):
         self.run.metrics({"epoch_time_s": time.perf_counter() - self._t0}, step=self._epoch(state))
+        self.run.heartbeat()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:

@@ -17,6 +17,12 @@ log = logging.getLogger("ablate")
 def main(cfg: DictConfig) -> float:
     """Train and evaluate one configuration; returns best dev accuracy (the sweepers' objective)."""
     try:
+        if cfg.skip_finished and (twin := tracking.finished_twin(cfg)) is not None:
+            log.info(
+                "skip_finished: identical config already FINISHED as run %s (%s); skipping",
+                twin.info.run_name, twin.info.run_id,
+            )  # fmt: skip
+            return twin.data.metrics.get("best_dev_accuracy", float("nan"))
         with tracking.start_run(cfg) as run:
             results = trainer.fit(cfg, run)
     except AblateError as exc:

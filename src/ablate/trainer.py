@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -40,7 +41,9 @@ def training_arguments(cfg: DictConfig, output_dir: str) -> TrainingArguments:
         warmup_steps=float(t.warmup_ratio),  # a float in [0, 1) is a ratio in transformers 5
         eval_strategy="epoch",
         logging_strategy="epoch",
-        save_strategy="no",
+        # One checkpoint (the last epoch's) so a killed run can resume; removed once it finishes.
+        save_strategy="epoch" if t.checkpoints else "no",
+        save_total_limit=1,
         report_to="none",
         seed=cfg.seed,
         data_seed=cfg.seed,
@@ -88,10 +91,12 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
 
     tokenizer = model_lib.load_tokenizer(cfg.model)
     label2id = {name: i for i, name in enumerate(task.labels)}
+    encode_stats = {split: {} for split in sentences}
     features = {
-        split: task.encode(sents, tokenizer, label2id, cfg.data.max_length)
+        split: task.encode(sents, tokenizer, label2id, cfg.data.max_length, encode_stats[split])
         for split, sents in sentences.items()
     }
+    run.metrics({f"{s}_{k}": v for s, counts in encode_stats.items() for k, v in counts.items()})
     gold_words = {split: sum(len(s.words) for s in sents) for split, sents in sentences.items()}
     for split, feats in features.items():
         scored = labels.count_scored(feats)
@@ -133,13 +138,12 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     )
     if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
         trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)
-    train_out = trainer.train()
+    run.tags({"ablate.checkpoint_dir": trainer.args.output_dir})
+    train_out = trainer.train(resume_from_checkpoint=_resume_checkpoint(run))
     for folder, write in applied.artifacts.items():  # e.g. the LoRA adapter, not the whole model
-        import mlflow  # here, not at the top: ablate.tracking configures it before its import
-
         with tempfile.TemporaryDirectory() as tmp:
             write(tmp)
-            mlflow.log_artifacts(tmp, folder)
+            run.artifacts(tmp, folder)
 
     results: dict[str, float] = {
         "train_runtime_s": train_out.metrics["train_runtime"],
@@ -160,4 +164,44 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     # dev accuracy of the final model is the last per-epoch point; logging it again would add a
     # point at step 0 to its history.
     run.metrics({k: v for k, v in results.items() if k != f"dev_{task.primary_metric}"})
+    _remove_checkpoints(trainer.args.output_dir, run)
     return results
+
+
+def last_complete_checkpoint(folder: str) -> str | None:
+    """The newest ``checkpoint-N`` in ``folder`` that was completely written, or None.
+
+    A process killed while saving leaves a partial folder; the Trainer rotates the previous
+    checkpoint out only after a save completes, so the previous one is still there.
+    """
+    steps = sorted(Path(folder).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    for checkpoint in reversed(steps):
+        # trainer_state.json is written last by the Trainer's save
+        if (checkpoint / "trainer_state.json").is_file() and any(checkpoint.glob("*.safetensors")):
+            return str(checkpoint)
+    return None
+
+
+def _resume_checkpoint(run: tracking.Run) -> str | None:
+    """The last epoch checkpoint of the KILLED run this job continues, if any."""
+    if run.resumed is None:
+        return None
+    folder = run.resumed.data.tags.get("ablate.checkpoint_dir", "")
+    last = last_complete_checkpoint(folder)
+    if last is None:
+        raise AblateError(
+            f"cannot resume run {run.resumed.info.run_id}: no epoch checkpoint in {folder!r} "
+            f"(was it run with trainer.checkpoints=false, or killed in its first epoch?)"
+        )
+    log.info("resuming run %s from %s", run.resumed.info.run_id, last)
+    return last
+
+
+def _remove_checkpoints(output_dir: str, run: tracking.Run) -> None:
+    # Checkpoints exist only to resume a killed run; a finished one needs none of them.
+    folders = [output_dir]
+    if run.resumed is not None:
+        folders.append(run.resumed.data.tags.get("ablate.checkpoint_dir", ""))
+    for folder in folders:
+        for checkpoint in Path(folder).glob("checkpoint-*") if folder else ():
+            shutil.rmtree(checkpoint, ignore_errors=True)
