@@ -27,7 +27,8 @@ VARIANTS = [
         "all",
         ["freeze.embeddings=true"],
         "As `all`, and the embeddings frozen too: only the head trains.",
-    )
+    ),
+    ("all", ["model.head=bilstm"], "As `all`, with a BiLSTM head between encoder and classifier."),
 ]
 
 
@@ -50,11 +51,15 @@ def freeze_table(model: str = "minilm") -> str:
             net = model_lib.build(cfg.model, TASKS["pos"].model_class, labels.UPOS)
             applied = freeze.apply(net, cfg.freeze)
             name = " ".join([f"freeze={option}", *extra])
-            count, pct = applied.trainable_params, applied.trainable_pct
-            rows.append(f"| `{name}` | {what} | {count:,} | {pct:.2f} % |")
+            count, total, pct = (
+                applied.trainable_params,
+                applied.total_params,
+                applied.trainable_pct,
+            )
+            rows.append(f"| `{name}` | {what} | {count:,} | {total:,} | {pct:.2f} % |")
     header = (
-        f"| option | what it does | trainable params ({model}) | % of {applied.total_params:,} |\n"
-        "|---|---|---:|---:|"
+        f"| option | what it does | trainable params ({model}) | total params | trainable |\n"
+        "|---|---|---:|---:|---:|"
     )
     return "\n".join([header, *rows])
 
