@@ -152,6 +152,7 @@ class TrackingConfig:
 
     uri: str = "${ablate.tracking_uri:}"
     experiment: str = "ablate"
+    stale_after_min: float = 30.0  # a RUNNING run with no heartbeat this long is marked KILLED
     tags: dict[str, str] = field(default_factory=dict)  # added to every run (e.g. its study)
 
 
@@ -163,9 +164,9 @@ class TrainConfig:
     model: ModelConfig = MISSING
     freeze: FreezeConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    stale_after_min: float = 30.0  # a RUNNING run with no heartbeat this long is marked KILLED
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     seed: int = 42
+    skip_finished: bool = False  # return at once if an identical config already has a FINISHED run
 
 
 def register() -> None:
@@ -175,4 +176,3 @@ def register() -> None:
 
 
 register()
-    skip_finished: bool = False  # return at once if an identical config already has a FINISHED run
