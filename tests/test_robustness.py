@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, run_cli, slice_overrides
 from mlflow.tracking import MlflowClient
 
-from ablate import tracking
+from ablate import data, tracking
 
 
 def runs_in(store: str, experiment: str = "ablate"):
@@ -133,3 +133,63 @@ def test_runs_without_a_heartbeat_from_another_host_are_killed_only_when_stale(
     assert client.get_run(run.info.run_id).info.status == (
         "KILLED" if beat_age_min > 30 else "RUNNING"
     )
+
+
+def test_each_bad_input_is_one_named_error_and_no_run_is_left_running(slice_root, tmp_path):
+    from conftest import NAIJA, conllu_blocks, write_treebank
+
+    blocks = {
+        s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu")[:20] for s in ("train", "dev", "test")
+    }
+    ud = tmp_path / "data" / "ud"
+    bad_columns = blocks["dev"][:2] + ["1\tdem\tdem\tPRON\n"]
+    rows = blocks["test"][0].splitlines()
+    first = next(i for i, row in enumerate(rows) if row.split("\t")[0].isdigit())
+    columns = rows[first].split("\t")
+    rows[first] = "\t".join([*columns[:3], "NOUN2", *columns[4:]])
+    bad_tag = ["\n".join(rows) + "\n"]
+    comment_only = ["# sent_id = nothing-here\n"]  # a sentence with zero words
+    cases = {
+        "UD_BadColumns": ({**blocks, "dev": bad_columns}, "x-ud-dev.conllu:"),
+        "UD_BadTag": ({**blocks, "test": bad_tag}, "has label 'NOUN2', not one of ADJ"),
+        "UD_NoTest": (
+            {"train": blocks["train"], "dev": blocks["dev"]},
+            "*-ud-test.conllu file, found 0",
+        ),
+        "UD_EmptyDev": ({**blocks, "dev": []}, "x-ud-dev.conllu: no sentences"),
+        "UD_ZeroWords": ({**blocks, "dev": blocks["dev"] + comment_only}, None),
+    }
+    for name, (splits, _) in cases.items():
+        write_treebank(ud / name, "x", splits)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = [
+        "data=ud", f"data.root={tmp_path / 'data'}", "model=tiny", "trainer.epochs=1",
+        f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]  # fmt: skip
+    proc = run_cli("--multirun", *overrides, f"data.treebank={','.join(cases)}")
+    assert proc.returncode != 0  # the sweep reports its failed jobs at the end
+    models = run_cli(
+        "--multirun", *overrides, "data.treebank=UD_ZeroWords",
+        "model.name_or_path=/nope,bert-base-cased",
+        f"hydra.sweep.dir={tmp_path / 'sweep2'}",
+    )  # fmt: skip
+    assert models.returncode != 0
+
+    _, runs = runs_in(store)
+    assert "RUNNING" not in {r.info.status for r in runs}
+    tiny = [
+        r for r in runs if r.data.params["model.name_or_path"] not in ("/nope", "bert-base-cased")
+    ]
+    by_data = {r.data.params["data"]: r for r in tiny}
+    for name, (_, message) in cases.items():
+        run = by_data[name]
+        if message is None:
+            assert run.info.status == "FINISHED"
+            assert run.data.metrics["dev_empty_sentences"] == 1
+            dev = data.read_conllu(next((ud / name).glob("*-ud-dev.conllu")))
+            assert run.data.metrics["dev_words"] == sum(len(x.words) for x in dev) > 0
+        else:
+            assert run.info.status == "FAILED" and message in run.data.tags["error"], name
+    errors = {r.data.params["model.name_or_path"]: r.data.tags.get("error", "") for r in runs}
+    assert "'/nope': no such folder" in errors["/nope"]
+    assert "is a hub id, and the Hugging Face hub is not reachable" in errors["bert-base-cased"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+import urllib.parse
 from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,9 +20,50 @@ from ablate.labels import IGNORE
 HEADS = ("linear", "bilstm")
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers within ``timeout`` seconds.
+
+    Offline, transformers retries a hub id for ~46 s before failing; this probe (run in a thread,
+    since a DNS lookup ignores socket timeouts) lets a bad id fail in seconds instead.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(ok)
+
+
+def check_source(cfg: DictConfig) -> None:
+    """Fail in seconds, before any data is read, if the model can't be had."""
+    path = cfg.name_or_path
+    looks_local = path.startswith((".", "/", "~")) or os.path.exists(path)
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise AblateError(f"model.name_or_path={path!r}: no such folder")
+    if not looks_local and not hub_reachable():
+        raise AblateError(
+            f"model.name_or_path={path!r} is a hub id, and the Hugging Face hub is not reachable "
+            f"(offline?): download the model elsewhere and pass its folder, or use model=minilm"
+        )
+
+
 def _load(what: str, cfg: DictConfig, fn, *args, **kwargs):
+    check_source(cfg)
+    path = cfg.name_or_path
     try:
-        return fn(cfg.name_or_path, *args, **kwargs)
+        if what == "weights":  # safetensors only: never unpickle a downloaded weight file
+            kwargs.setdefault("use_safetensors", True)
+        return fn(path, *args, **kwargs)
     except (OSError, ValueError) as exc:
         raise AblateError(
             f"model.name_or_path={cfg.name_or_path!r}: could not load its {what}: neither a local "

@@ -74,6 +74,7 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     run.tags({"torch.threads": torch.get_num_threads()})
     set_seed(cfg.seed)
     task = tasks.get(cfg.data.task)
+    model_lib.check_source(cfg.model)  # a missing model fails in seconds, before the data
     if not 0 <= cfg.trainer.warmup_ratio < 1:
         raise AblateError(f"trainer.warmup_ratio={cfg.trainer.warmup_ratio}: must be in [0, 1)")
 
