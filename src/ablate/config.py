@@ -87,6 +87,12 @@ class DataConfig:
     version: str | None = None  # release of the pinned files (UD version)
     # Pinned files (name, URL, sha256) per split; empty = find them by the UD naming pattern.
     splits: dict[str, SplitFile] = field(default_factory=dict)
+    # No labelled test file (GLUE): hold out this share of train as test, drawn with split_seed,
+    # a data setting and not the run's seed, so every run of a grid scores the same test set.
+    test_from_train: float | None = None
+    split_seed: int = 42
+    # More test sets (CoNLL-U paths, task pos) scored with the final model: test_accuracy/<folder>
+    extra_test: list[str] = field(default_factory=list)
     lowercase: bool = True
     max_train_sentences: int | None = None
     max_length: int = 128

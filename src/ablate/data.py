@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import conllu
+import numpy as np
 from omegaconf import DictConfig
 
 from ablate.errors import AblateError
@@ -16,11 +20,16 @@ from ablate.errors import AblateError
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Sentence:
-    """The gold words of one sentence and their labels (one per word)."""
+    """The gold words of one sentence and their labels (one per word).
+
+    A sentence-classification example is one scored item: ``words`` holds the whole text and
+    ``labels`` its label (``ablate.readers.read_sst2``).
+    """
 
     words: tuple[str, ...]
     labels: tuple[str, ...]
@@ -44,11 +53,12 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(url: str, sha256: str, dest: Path) -> Path:
+def fetch(url: str, sha256: str | None, dest: Path, hint: str | None = None) -> Path:
     """Download ``url`` to ``dest`` with a progress bar, keeping it only if its sha256 matches.
 
     pooch downloads to a temporary file and moves it into place only after the hash check,
-    so a failed or corrupt download leaves nothing behind.
+    so a failed or corrupt download leaves nothing behind. ``hint`` (where to put the file by
+    hand) ends the error message of a failed download.
     """
     import pooch
 
@@ -56,7 +66,7 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
     try:
         pooch.retrieve(
             url,
-            known_hash=f"sha256:{sha256}",
+            known_hash=f"sha256:{sha256}" if sha256 else None,
             fname=dest.name,
             path=dest.parent,
             progressbar=True,
@@ -66,29 +76,49 @@ def fetch(url: str, sha256: str, dest: Path) -> Path:
             f"{url}: downloaded file failed its sha256 check ({exc}); not kept"
         ) from exc
     except Exception as exc:  # network errors come in many types (requests, OSError, ...)
-        raise AblateError(
-            f"could not download {url} ({type(exc).__name__}: {exc}). "
+        hint = hint or (
             f"Put the file at {dest} yourself, or set ABLATE_DATA_DIR to a folder laid out like "
             f"<root>/{dest.parent.name}/{dest.name}"
+        )
+        raise AblateError(
+            f"could not download {url} ({type(exc).__name__}: {exc}). {hint}"
         ) from exc
     return dest
 
 
+def file_splits(cfg: DictConfig) -> tuple[str, ...]:
+    """The splits read from files: all three, or train and dev when ``data.test_from_train``
+    holds the test set out of train (a dataset whose published test split has no labels)."""
+    return SPLITS if cfg.get("test_from_train") is None else ("train", "dev")
+
+
 def locate(cfg: DictConfig) -> SplitFiles:
-    """Find (and, for pinned releases, download and verify) the train/dev/test files of ``cfg``."""
+    """Find (and, for pinned releases, download and verify) the split files of ``cfg``
+    (``file_splits``)."""
     folder = Path(cfg.root) / cfg.dir
     paths: dict[str, Path] = {}
+    needed = file_splits(cfg)
     if cfg.splits:
-        for split in SPLITS:
+        for split in needed:
             if split not in cfg.splits:
                 raise AblateError(f"data.splits of '{cfg.name}' has no '{split}' entry")
+        missing = [
+            cfg.splits[s].file for s in needed if not (folder / cfg.splits[s].file).is_file()
+        ]
+        hint = (
+            f"Put {', '.join(missing)} into {folder} yourself, or set ABLATE_DATA_DIR (or "
+            f"data.root) to a folder laid out like <root>/{cfg.dir}/{{{', '.join(missing)}}}"
+        )
+        for split in needed:
             spec = cfg.splits[split]
             path = folder / spec.file
             if not path.is_file():
                 if not spec.url:
-                    raise AblateError(f"{path}: missing, and data.splits.{split}.url is not set")
+                    raise AblateError(
+                        f"{path}: missing, and data.splits.{split}.url is not set. {hint}"
+                    )
                 log.info("downloading %s -> %s", spec.url, path)
-                fetch(spec.url, spec.sha256, path)
+                fetch(spec.url, spec.sha256, path, hint)
             paths[split] = path
     else:
         if not folder.is_dir():
@@ -96,7 +126,7 @@ def locate(cfg: DictConfig) -> SplitFiles:
                 f"{folder}: no such folder (data.root={cfg.root}, data.dir={cfg.dir}). "
                 f"Set data.root or ABLATE_DATA_DIR to a folder laid out like <root>/ud/UD_<Name>/"
             )
-        for split in SPLITS:
+        for split in needed:
             found = sorted(folder.glob(f"*-ud-{split}.conllu"))
             if len(found) != 1:
                 raise AblateError(
@@ -108,9 +138,11 @@ def locate(cfg: DictConfig) -> SplitFiles:
     for split, path in paths.items():
         pinned = cfg.splits[split].sha256 if cfg.splits else None
         if pinned and sha[split] != pinned:
+            release = f"{cfg.name} r{cfg.version}" if cfg.get("version") else cfg.name
             raise AblateError(
-                f"{path}: sha256 {sha[split]} differs from the pinned {pinned} of "
-                f"{cfg.name} r{cfg.version}; use the release file, or data=ud for your own treebank"
+                f"{path}: sha256 {sha[split]} differs from the pinned {pinned} of {release}; use "
+                f"the published file (data.splits.{split}.url), or set "
+                f"data.splits.{split}.sha256=null to use this one"
             )
     return SplitFiles(paths=paths, sha256=sha)
 
@@ -186,3 +218,26 @@ def read_conllu(path: Path, lowercase: bool = False) -> list[Sentence]:
     if not sentences:
         raise AblateError(f"{path}: no sentences (an empty split file)")
     return sentences
+
+
+def hold_out(items: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:
+    """(rest, held out): a seeded random ``fraction`` of ``items`` (rounded up, as scikit-learn's
+    ``train_test_split``), both in their original order.
+
+    The same items, fraction and seed always give the same split; the two parts are disjoint.
+    """
+    if not 0 < fraction < 1:
+        raise AblateError(f"data.test_from_train={fraction}: must be in (0, 1)")
+    n_held = math.ceil(fraction * len(items))
+    if not 0 < n_held < len(items):
+        raise AblateError(
+            f"data.test_from_train={fraction}: holds out {n_held} of {len(items)} items; "
+            f"both parts must be non-empty"
+        )
+    held = np.random.default_rng(seed).permutation(len(items))[:n_held]
+    chosen = np.zeros(len(items), dtype=bool)
+    chosen[held] = True
+    return (
+        [x for x, c in zip(items, chosen, strict=True) if not c],
+        [x for x, c in zip(items, chosen, strict=True) if c],
+    )

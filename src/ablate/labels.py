@@ -101,6 +101,11 @@ def encode(
     return features
 
 
-def count_scored(features: Sequence[dict[str, list[int]]]) -> int:
-    """Number of words that carry a label in encoded features."""
-    return sum(sum(1 for label in f["labels"] if label != IGNORE) for f in features)
+def count_scored(features: Sequence[dict]) -> int:
+    """Number of items (words; a sentence's one label) that carry a label in encoded features."""
+    return sum(
+        sum(1 for label in f["labels"] if label != IGNORE)
+        if isinstance(f["labels"], (list, tuple))
+        else int(f["labels"] != IGNORE)
+        for f in features
+    )

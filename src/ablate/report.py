@@ -369,6 +369,14 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
     """The summary row of one strategy (``cell``: its runs, one per seed)."""
     dev, test = cell.dev * 100, cell.test * 100
     n = len(cell)
+    # A mean of per-item correctness is an accuracy: the bootstrap over dev items (words or
+    # sentences) estimates only that, not an F1.
+    per_item = cell.metric.iloc[0] == "accuracy"
+    why = (
+        "no dev predictions logged"
+        if per_item
+        else f"no per-item bootstrap of {cell.metric.iloc[0]}"
+    )
     row = {
         "n": n,
         "seeds": ",".join(str(s) for s in sorted(cell.seed)),
@@ -389,11 +397,11 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
     if n >= 3:
         _, lo, hi = t_interval(dev)
         row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method=f"t over {n} seeds")
-    elif (correct := preds.correct(list(cell.run_id))) is not None:
+    elif per_item and (correct := preds.correct(list(cell.run_id))) is not None:
         lo, hi = bootstrap_interval(np.mean(correct, axis=0) * 100, **boot)
         row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method="bootstrap over dev words")
     else:
-        row["dev_ci_method"] = f"none ({n} seed{'s' if n > 1 else ''}, no dev predictions logged)"
+        row["dev_ci_method"] = f"none ({n} seed{'s' if n > 1 else ''}, {why})"
 
     delta = {"delta_dev_pt": math.nan, "delta_ci_low_pt": math.nan, "delta_ci_high_pt": math.nan}
     delta["delta_method"] = "no baseline run"
@@ -413,7 +421,7 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
         elif len(paired):
             delta["delta_dev_pt"] = float(diffs.mean())
             ids = [*paired.run_id, *b.loc[paired.seed, "run_id"]]
-            correct = preds.correct(ids)
+            correct = preds.correct(ids) if per_item else None
             if correct is not None:
                 k = len(paired)
                 words = np.mean(correct[:k], axis=0) - np.mean(correct[k:], axis=0)
@@ -423,9 +431,7 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
                 delta["delta_method"] = f"paired bootstrap over dev words ({k} seed{s})"
             else:
                 s = "s" if len(paired) > 1 else ""
-                delta["delta_method"] = (
-                    f"none ({len(paired)} paired seed{s}, no dev predictions logged)"
-                )
+                delta["delta_method"] = f"none ({len(paired)} paired seed{s}, {why})"
         else:
             delta["delta_dev_pt"] = dev.mean() - b.dev.mean() * 100
             delta["delta_method"] = "none (no seed in common with the baseline; unpaired means)"

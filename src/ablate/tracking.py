@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -358,9 +358,10 @@ class EpochLogger(TrainerCallback):
 
     HEARTBEAT_S = 60.0
 
-    def __init__(self, run: Run, primary: str = "accuracy"):
+    def __init__(self, run: Run, primary: str = "accuracy", also: Sequence[str] = ()):
         self.run = run
         self.primary = primary
+        self.also = tuple(also)  # other dev metrics logged per epoch (not tracked for best_dev_*)
         # a resumed run's earlier epochs count for best_dev_*
         self.history: list[float] = run.history(f"dev_{primary}") if run.resumed else []
         self._t0 = 0.0
@@ -389,4 +390,8 @@ class EpochLogger(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         value = metrics[f"eval_{self.primary}"]
         self.history.append(value)
-        self.run.metrics({f"dev_{self.primary}": value}, step=self._epoch(state))
+        logged = {f"dev_{self.primary}": value}
+        logged.update(
+            {f"dev_{k}": metrics[f"eval_{k}"] for k in self.also if f"eval_{k}" in metrics}
+        )
+        self.run.metrics(logged, step=self._epoch(state))

@@ -7,7 +7,7 @@ import logging
 import hydra
 from omegaconf import DictConfig
 
-from ablate import config, tracking, trainer
+from ablate import config, tasks, tracking, trainer
 from ablate.errors import AblateError
 
 log = logging.getLogger("ablate")
@@ -15,14 +15,16 @@ log = logging.getLogger("ablate")
 
 @hydra.main(version_base="1.3", config_path=str(config.conf_dir()), config_name="train")
 def main(cfg: DictConfig) -> float:
-    """Train and evaluate one configuration; returns best dev accuracy (the sweepers' objective)."""
+    """Train and evaluate one configuration; returns the best dev score of the task's primary
+    metric, ``best_dev_<primary>`` (the sweepers' objective)."""
     try:
+        primary = tasks.get(cfg.data.task).primary_metric
         if cfg.skip_finished and (twin := tracking.finished_twin(cfg)) is not None:
             log.info(
                 "skip_finished: identical config already FINISHED as run %s (%s); skipping",
                 twin.info.run_name, twin.info.run_id,
             )  # fmt: skip
-            return twin.data.metrics.get("best_dev_accuracy", float("nan"))
+            return twin.data.metrics.get(f"best_dev_{primary}", float("nan"))
         with tracking.start_run(cfg) as run:
             results = trainer.fit(cfg, run)
     except AblateError as exc:
@@ -33,11 +35,11 @@ def main(cfg: DictConfig) -> float:
     uri = cfg.tracking.uri
     where = f"open {uri}" if uri.startswith("http") else "browse it with: make ui"
     log.info(
-        "run %s FINISHED: dev %.4f, test %.4f. Store: %s (experiment %r); %s",
-        tracking.run_name(cfg), results["dev_accuracy"], results["test_accuracy"],
-        uri, cfg.tracking.experiment, where,
+        "run %s FINISHED: dev %s %.4f, test %s %.4f. Store: %s (experiment %r); %s",
+        tracking.run_name(cfg), primary, results[f"dev_{primary}"], primary,
+        results[f"test_{primary}"], uri, cfg.tracking.experiment, where,
     )  # fmt: skip
-    return results["best_dev_accuracy"]
+    return results[f"best_dev_{primary}"]
 
 
 if __name__ == "__main__":

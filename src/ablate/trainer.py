@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from transformers import DataCollatorForTokenClassification, Trainer, TrainingArguments, set_seed
+from transformers import Trainer, TrainingArguments, set_seed
 
 from ablate import data, freeze, labels, metrics, tasks, tracking
 from ablate import model as model_lib
@@ -52,6 +52,50 @@ def training_arguments(cfg: DictConfig, output_dir: str) -> TrainingArguments:
     )
 
 
+def read_extra_tests(cfg: DictConfig, task: tasks.Task) -> dict[str, list]:
+    """The ``data.extra_test`` files, read and label-checked, by name: the file's folder (e.g.
+    ``UD_English-EWT``). A path is absolute, or relative to the working directory or ``data.root``.
+    """
+    paths = list(cfg.data.extra_test or [])
+    if paths and not task.extra_test:
+        able = ", ".join(name for name, t in tasks.TASKS.items() if t.extra_test)
+        raise AblateError(
+            f"data.extra_test: task {task.name!r} cannot score extra test files (tasks that can: "
+            f"{able})"
+        )
+    found: dict[str, list] = {}
+    for given in paths:
+        path = Path(given).expanduser()
+        if not path.is_absolute() and not path.is_file():
+            path = Path(cfg.data.root) / path
+        if not path.is_file():
+            raise AblateError(
+                f"data.extra_test: {given}: no such file (give it absolute, or relative to the "
+                f"working directory or to data.root={cfg.data.root})"
+            )
+        name = path.resolve().parent.name
+        if name in found:
+            raise AblateError(
+                f"data.extra_test: two files in folders named {name!r}; their metrics "
+                f"(test_{task.primary_metric}/{name}) would clash"
+            )
+        found[name] = task.read(path, lowercase=cfg.data.lowercase)
+        labels.check_labels(found[name], task.labels, str(path))
+    return found
+
+
+def _check_scored(name: str, features: list, sentences: list, task: tasks.Task) -> None:
+    # An invariant of the encoders, checked anyway: never report a score over part of a split.
+    scored, gold = labels.count_scored(features), sum(len(s.words) for s in sentences)
+    if scored != gold:
+        raise AblateError(f"{name}: {scored} {task.item_name} encoded for scoring, gold has {gold}")
+
+
+def _evaluate(trainer, task: tasks.Task, features: list) -> metrics.Evaluation:
+    out = trainer.predict(features)
+    return task.evaluate(np.asarray(out.predictions), np.asarray(out.label_ids), task.labels)
+
+
 def torch_threads(cfg: DictConfig) -> int:
     """``trainer.threads``, else the cores divided among a parallel launcher's workers.
 
@@ -69,7 +113,8 @@ def torch_threads(cfg: DictConfig) -> int:
 
 
 def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
-    """Train on train, evaluate dev every epoch and test at the end; log everything to ``run``."""
+    """Train on train, evaluate dev every epoch and test (and ``data.extra_test``) at the end;
+    log everything to ``run``."""
     torch.set_num_threads(torch_threads(cfg))
     run.tags({"torch.threads": torch.get_num_threads()})
     set_seed(cfg.seed)
@@ -87,8 +132,16 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     for split, path in files.paths.items():
         sentences[split] = task.read(path, lowercase=cfg.data.lowercase)
         labels.check_labels(sentences[split], task.labels, str(path))
+    if cfg.data.test_from_train is not None:  # before max_train_sentences: one test set for all
+        seed = cfg.data.split_seed
+        sentences["train"], sentences["test"] = data.hold_out(
+            sentences["train"], cfg.data.test_from_train, seed
+        )
+        held = f"{len(sentences['test'])} of {files.paths['train'].name}, data.split_seed={seed}"
+        run.tags({"data.test": f"held out from train: {held}"})
     if cfg.data.max_train_sentences is not None:
         sentences["train"] = sentences["train"][: cfg.data.max_train_sentences]
+    extra = read_extra_tests(cfg, task)
 
     tokenizer = model_lib.load_tokenizer(cfg.model)
     label2id = {name: i for i, name in enumerate(task.labels)}
@@ -98,15 +151,16 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         for split, sents in sentences.items()
     }
     run.metrics({f"{s}_{k}": v for s, counts in encode_stats.items() for k, v in counts.items()})
-    gold_words = {split: sum(len(s.words) for s in sents) for split, sents in sentences.items()}
     for split, feats in features.items():
-        scored = labels.count_scored(feats)
-        # An invariant of labels.encode, checked anyway: never report a score over part of a split.
-        if scored != gold_words[split]:
-            raise AblateError(
-                f"{split}: {scored} words encoded for scoring, gold has {gold_words[split]}"
-            )
-    run.metrics({f"{s}_sentences": len(sentences[s]) for s in sentences})
+        _check_scored(split, feats, sentences[split], task)
+    extra_features = {
+        name: task.encode(sents, tokenizer, label2id, cfg.data.max_length)
+        for name, sents in extra.items()
+    }
+    for name, feats in extra_features.items():
+        _check_scored(f"data.extra_test {name}", feats, extra[name], task)
+    counts = {f"{s}_sentences": len(sentences[s]) for s in sentences}
+    run.metrics(counts)
 
     model = model_lib.build(cfg.model, task.model_class, task.labels)
     applied = freeze.apply(model, cfg.freeze)
@@ -125,13 +179,13 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         applied.trainable_pct, applied.frozen_blocks,
     )  # fmt: skip
 
-    epochs = tracking.EpochLogger(run, task.primary_metric)
+    epochs = tracking.EpochLogger(run, task.primary_metric, task.epoch_metrics)
     trainer = Trainer(
         model=model,
         args=training_arguments(cfg, _output_dir()),
         train_dataset=features["train"],
         eval_dataset=features["dev"],
-        data_collator=DataCollatorForTokenClassification(tokenizer),
+        data_collator=task.collator(tokenizer),
         processing_class=tokenizer,
         compute_metrics=task.compute_metrics,
         preprocess_logits_for_metrics=metrics.argmax_logits,
@@ -146,25 +200,29 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
             write(tmp)
             run.artifacts(tmp, folder)
 
+    best = max(epochs.history)
     results: dict[str, float] = {
         "train_runtime_s": train_out.metrics["train_runtime"],
         "train_samples_per_s": train_out.metrics["train_samples_per_second"],
-        f"best_dev_{task.primary_metric}": max(epochs.history),
+        f"best_dev_{task.primary_metric}": best,
     }
     for split in ("dev", "test"):
-        out = trainer.predict(features[split])
-        gold, pred = metrics.scored(np.asarray(out.predictions), np.asarray(out.label_ids))
-        results[f"{split}_{task.primary_metric}"] = metrics.accuracy(gold, pred)
-        results[f"{split}_words"] = int(gold.size)
-        rep = metrics.report(gold, pred, task.labels)
-        run.text(rep["text"], f"reports/{split}_classification_report.txt")
-        run.json(rep["dict"], f"reports/{split}_classification_report.json")
-        if split == "dev":  # word-level ids: the report's paired bootstrap of Δ vs the baseline
-            run.json({"gold": gold.tolist(), "pred": pred.tolist()}, "predictions/dev.json")
+        ev = _evaluate(trainer, task, features[split])
+        results.update({f"{split}_{k}": v for k, v in ev.metrics.items()})
+        for name, content in ev.artifacts.items():
+            log_artifact = run.text if isinstance(content, str) else run.json
+            log_artifact(content, f"reports/{split}_{name}")
+        if split == "dev":  # ids per scored item: the report's paired bootstrap of Δ vs baseline
+            run.json({"gold": ev.gold.tolist(), "pred": ev.pred.tolist()}, "predictions/dev.json")
+    for name, feats in extra_features.items():  # zero-shot: the final model on other test sets
+        ev = _evaluate(trainer, task, feats)
+        results.update({f"test_{k}/{name}": v for k, v in ev.metrics.items()})
     results["peak_rss_mb"] = tracking.peak_rss_mb()
-    # dev accuracy of the final model is the last per-epoch point; logging it again would add a
-    # point at step 0 to its history.
-    run.metrics({k: v for k, v in results.items() if k != f"dev_{task.primary_metric}"})
+    # Metrics already logged are not logged again (a second point, at step 0): the per-epoch dev
+    # metrics (the final model's are the last epoch's) and counts equal to the split sizes
+    # (sst2's <split>_sentences).
+    per_epoch = {f"dev_{m}" for m in (task.primary_metric, *task.epoch_metrics)}
+    run.metrics({k: v for k, v in results.items() if k not in per_epoch and counts.get(k) != v})
     _remove_checkpoints(trainer.args.output_dir, run)
     return results
 
