@@ -150,6 +150,9 @@ class TrainerConfig:
     threads: int | None = None  # torch intra-op threads; null = every core (divided among workers)
     checkpoints: bool = True  # keep the last epoch's checkpoint until the run finishes (resume)
     resume: bool = False  # continue the newest KILLED run of the same config from its checkpoint
+    # Stop after this many epochs without a better dev primary metric; the best epoch's model is
+    # restored before test (checkpoints forced on). null = train every epoch.
+    early_stopping_patience: int | None = None
 
 
 @dataclass

@@ -192,7 +192,8 @@ def load_runs(
                 "seed": _int(p.get("seed")),
                 "task": task,
                 "metric": name,
-                "dev": m.get(f"dev_{name}"),
+                # early stopping restored the best epoch: the final model's dev score is the best
+                "dev": m.get(f"{'best_' if _restored_best(p) else ''}dev_{name}"),
                 "best_dev": m.get(f"best_dev_{name}"),
                 "test": m.get(f"test_{name}"),
                 **{col: m.get(key) for col, key in _RUN_METRICS.items()},
@@ -363,6 +364,10 @@ def _panels(df: pd.DataFrame) -> pd.Series:
     if many_models:
         return df.data + " · " + df.model
     return df.data.copy()
+
+
+def _restored_best(params: dict[str, str]) -> bool:
+    return params.get("trainer.early_stopping_patience", "None") not in ("None", "null", "")
 
 
 def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boot: dict) -> dict:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from transformers import Trainer, TrainingArguments, set_seed
+from transformers import EarlyStoppingCallback, Trainer, TrainingArguments, set_seed
 
 from ablate import data, freeze, labels, metrics, tasks, tracking
 from ablate import model as model_lib
@@ -42,14 +42,37 @@ def training_arguments(cfg: DictConfig, output_dir: str) -> TrainingArguments:
         eval_strategy="epoch",
         logging_strategy="epoch",
         # One checkpoint (the last epoch's) so a killed run can resume; removed once it finishes.
-        save_strategy="epoch" if t.checkpoints else "no",
+        # Early stopping restores the best epoch's, so it needs them whatever trainer.checkpoints.
+        save_strategy="epoch" if t.checkpoints or t.early_stopping_patience is not None else "no",
         save_total_limit=1,
+        **early_stopping_arguments(cfg),
         report_to="none",
         seed=cfg.seed,
         data_seed=cfg.seed,
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=not sys.stderr.isatty(),  # progress bars only for people, not job logs
     )
+
+
+def early_stopping_arguments(cfg: DictConfig) -> dict:
+    """TrainingArguments for ``trainer.early_stopping_patience`` ({} when null): track the task's
+    primary dev metric and load the best epoch's checkpoint when training ends.
+
+    With ``save_total_limit=1`` the Trainer still keeps the best checkpoint besides the last.
+    """
+    patience = cfg.trainer.early_stopping_patience
+    if patience is None:
+        return {}
+    if patience < 1:
+        raise AblateError(
+            f"trainer.early_stopping_patience={patience}: must be a positive number of epochs "
+            f"(or null: off)"
+        )
+    return {
+        "load_best_model_at_end": True,
+        "metric_for_best_model": f"eval_{tasks.get(cfg.data.task).primary_metric}",
+        "greater_is_better": True,
+    }
 
 
 def read_extra_tests(cfg: DictConfig, task: tasks.Task) -> dict[str, list]:
@@ -114,7 +137,7 @@ def torch_threads(cfg: DictConfig) -> int:
 
 def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     """Train on train, evaluate dev every epoch and test (and ``data.extra_test``) at the end;
-    log everything to ``run``."""
+    log everything to ``run``. ``trainer.early_stopping_patience`` may end training early."""
     torch.set_num_threads(torch_threads(cfg))
     run.tags({"torch.threads": torch.get_num_threads()})
     set_seed(cfg.seed)
@@ -193,6 +216,8 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     )
     if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
         trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)
+    if cfg.trainer.early_stopping_patience is not None:
+        trainer.add_callback(EarlyStoppingCallback(cfg.trainer.early_stopping_patience))
     run.tags({"ablate.checkpoint_dir": trainer.args.output_dir})
     train_out = trainer.train(resume_from_checkpoint=_resume_checkpoint(run))
     for folder, write in applied.artifacts.items():  # e.g. the LoRA adapter, not the whole model
@@ -205,6 +230,8 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         "train_runtime_s": train_out.metrics["train_runtime"],
         "train_samples_per_s": train_out.metrics["train_samples_per_second"],
         f"best_dev_{task.primary_metric}": best,
+        "best_epoch": epochs.history.index(best) + 1,
+        "stopped_epoch": round(trainer.state.epoch or 0),  # the last epoch trained
     }
     for split in ("dev", "test"):
         ev = _evaluate(trainer, task, features[split])
@@ -219,8 +246,8 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         results.update({f"test_{k}/{name}": v for k, v in ev.metrics.items()})
     results["peak_rss_mb"] = tracking.peak_rss_mb()
     # Metrics already logged are not logged again (a second point, at step 0): the per-epoch dev
-    # metrics (the final model's are the last epoch's) and counts equal to the split sizes
-    # (sst2's <split>_sentences).
+    # metrics (the final model's are the last epoch's, or with early stopping the best epoch's:
+    # best_dev_*) and counts equal to the split sizes (sst2's <split>_sentences).
     per_epoch = {f"dev_{m}" for m in (task.primary_metric, *task.epoch_metrics)}
     run.metrics({k: v for k, v in results.items() if k not in per_epoch and counts.get(k) != v})
     _remove_checkpoints(trainer.args.output_dir, run)
