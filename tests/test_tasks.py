@@ -8,12 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import DATA, EWT, ROOT, conllu_blocks, run_cli, slice_overrides, write_treebank
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
+from transformers import TrainerCallback
 
-from ablate import data, labels, metrics, readers, report, tasks, tracking, trainer
+from ablate import data, freeze, labels, metrics, readers, report, tasks, tracking, trainer
+from ablate import model as model_lib
 from ablate.config import conf_dir
 from ablate.errors import AblateError
 
@@ -358,19 +361,41 @@ def test_every_strategy_trains_a_sentence_classifier(task_root, store, option):
     assert 0.0 <= results["test_accuracy"] <= 1.0 and results["test_sentences"] == 30
 
 
-def test_early_stopping_stops_and_restores_the_best_epoch(slice_root, store, tmp_path):
-    base = naija(slice_root, store)
-    cfg, run, results = fit(
-        store, *base, "trainer.epochs=8", "trainer.early_stopping_patience=2", "trainer.lr=0.01",
-        "trainer.checkpoints=false",  # patience turns them on: the best epoch must be kept
+class BreakHeadFrom(TrainerCallback):
+    """From epoch ``start`` on, sets the classifier to predict ``X`` after each epoch's training
+    (before dev is scored): later dev scores fall whatever the training numerics."""
+
+    def __init__(self, model, start: int):
+        self.model, self.start = model, start
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if round(state.epoch) >= self.start:
+            head = model_lib.unwrap(self.model).classifier
+            with torch.no_grad():
+                head.weight.zero_()
+                head.bias.zero_()
+                head.bias[labels.UPOS.index("X")] = 1.0
+
+
+def test_early_stopping_stops_and_restores_the_best_epoch(slice_root, store, tmp_path, monkeypatch):
+    original = freeze.apply
+
+    def apply(model, cfg):
+        applied = original(model, cfg)
+        applied.callbacks.append(lambda run: BreakHeadFrom(applied.model, start=3))
+        return applied
+
+    monkeypatch.setattr(freeze, "apply", apply)
+    _, run, results = fit(
+        store, *naija(slice_root, store), "trainer.epochs=8", "trainer.early_stopping_patience=2",
+        "trainer.lr=1e-3", "trainer.checkpoints=false",  # patience turns them on: it needs them
     )  # fmt: skip
     m = run.data.metrics
     dev = [v for _, v in history(store, run, "dev_accuracy")]
     best_epoch = int(np.argmax(dev)) + 1
-    assert m["stopped_epoch"] == len(dev) < 8  # stopped early...
-    assert m["stopped_epoch"] == best_epoch + 2  # ... after 2 epochs without a better dev score
+    assert best_epoch in (1, 2) and max(dev[2:]) < max(dev)  # broken from epoch 3 on
+    assert m["stopped_epoch"] == len(dev) == best_epoch + 2 < 8  # 2 epochs without a better one
     assert m["best_epoch"] == best_epoch and m["best_dev_accuracy"] == max(dev)
-    assert dev[-1] < max(dev)  # so restoring the best epoch makes a difference
     # the model scored on dev and test after training is the best epoch's, not the last one's
     assert results["dev_accuracy"] == pytest.approx(max(dev))
     logged = json.loads(artifact(store, run, "predictions/dev.json", tmp_path))
