@@ -609,7 +609,8 @@ def markdown(report: Report, charts: bool = True) -> str:
         numeric = [c for c in t.columns if c not in ("strategy", "interval")]
         lines += [f"## {panel}", "", _md_table(t, right=numeric), ""]
     lines += [
-        "Metric values are the final model's (last epoch), mean ± std over seeds. Train time is "
+        "Metric values are the final model's (last epoch; with early stopping, the restored best "
+        "epoch's), mean ± std over seeds. Train time is "
         "the time spent in training epochs (sum of `epoch_time_s`), without the dev evaluation "
         "after each epoch; the Trainer's runtime, which includes it, is `trainer_runtime_s` in "
         f"summary.csv. Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
