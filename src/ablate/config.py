@@ -96,6 +96,8 @@ class DataConfig:
     lowercase: bool = True
     max_train_sentences: int | None = None
     max_length: int = 128
+    tokenized_cache: bool = True  # reuse tokenised splits across runs (keyed by a content hash)
+    tokenized_cache_dir: str | None = None  # null = <user cache>/ablate/tokenized
 
 
 @dataclass
@@ -145,6 +147,16 @@ class TrainerConfig:
     lr: float = 5e-5
     batch_size: int = 16
     eval_batch_size: int = 64
+    # Speed (ablate.speed, ablate.prefix); all but cache_frozen keep results within seed noise.
+    # split: random batches computed as sub-batches of similar length | bucket | off
+    length_grouping: str = "split"
+    fused_adamw: bool = True  # the same AdamW update in one fused kernel
+    sorted_eval: bool = True  # dev/test in length order, inference mode; predictions keep order
+    cache_frozen: bool = False  # frozen embeddings + blocks 0..k-1 computed once (no dropout there)
+    bf16: bool | None = None  # bf16 autocast; null = on for a GPU that has it, off on CPU
+    tf32: bool = True  # GPU only: TF32 matmuls
+    pin_memory: bool = True  # GPU only: pinned host memory for batches
+    measure_flops: bool = False  # log executed training FLOPs (a FlopCounterMode probe)
     weight_decay: float = 0.01
     warmup_ratio: float = 0.0
     threads: int | None = None  # torch intra-op threads; null = every core (divided among workers)

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from transformers import EarlyStoppingCallback, Trainer, TrainingArguments, set_seed
+from transformers import EarlyStoppingCallback, TrainingArguments, set_seed
 
-from ablate import data, freeze, labels, metrics, tasks, tracking
+from ablate import cache, data, freeze, labels, metrics, prefix, speed, tasks, tracking
 from ablate import model as model_lib
 from ablate.errors import AblateError
 
@@ -51,6 +51,7 @@ def training_arguments(cfg: DictConfig, output_dir: str) -> TrainingArguments:
         data_seed=cfg.seed,
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=not sys.stderr.isatty(),  # progress bars only for people, not job logs
+        **speed.training_kwargs(t),  # sampler, fused AdamW, bf16/TF32/pinned memory (ablate.speed)
     )
 
 
@@ -169,10 +170,7 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     tokenizer = model_lib.load_tokenizer(cfg.model)
     label2id = {name: i for i, name in enumerate(task.labels)}
     encode_stats = {split: {} for split in sentences}
-    features = {
-        split: task.encode(sents, tokenizer, label2id, cfg.data.max_length, encode_stats[split])
-        for split, sents in sentences.items()
-    }
+    features = cache.encode_splits(cfg, task, sentences, tokenizer, label2id, run, encode_stats)
     run.metrics({f"{s}_{k}": v for s, counts in encode_stats.items() for k, v in counts.items()})
     for split, feats in features.items():
         _check_scored(split, feats, sentences[split], task)
@@ -202,17 +200,26 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         applied.trainable_pct, applied.frozen_blocks,
     )  # fmt: skip
 
+    # trainer.cache_frozen: train blocks k.. on the cached output of a frozen prefix (ablate.prefix)
+    model, train_set = prefix.wrap(cfg, applied, features["train"], tokenizer, run)
     epochs = tracking.EpochLogger(run, task.primary_metric, task.epoch_metrics)
-    trainer = Trainer(
+    collator = speed.CountingCollator(task.collator(tokenizer))
+    trainer = speed.AblateTrainer(
+        sorted_eval=cfg.trainer.sorted_eval,
+        length_grouping=cfg.trainer.length_grouping,
         model=model,
         args=training_arguments(cfg, _output_dir()),
-        train_dataset=features["train"],
+        train_dataset=train_set,
         eval_dataset=features["dev"],
-        data_collator=task.collator(tokenizer),
+        data_collator=collator,
         processing_class=tokenizer,
         compute_metrics=task.compute_metrics,
         preprocess_logits_for_metrics=metrics.argmax_logits,
-        callbacks=[epochs, *(make(run) for make in applied.callbacks)],
+        callbacks=[
+            epochs,
+            speed.SpeedMeter(run, collator, cfg.trainer.measure_flops),
+            *(make(run) for make in applied.callbacks),
+        ],
     )
     if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
         trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)

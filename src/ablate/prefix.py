@@ -1,0 +1,287 @@
+"""Frozen-prefix caching (``trainer.cache_frozen``): compute a frozen bottom of the encoder once.
+
+When the embeddings and blocks 0..k-1 are frozen, their output for a training window never
+changes. It is computed once (batched, in eval mode, without autograd) and stored for every
+training window; training then runs only blocks k.. and the head on it, so neither the forward
+nor any backward pass goes through the frozen prefix.
+
+Effect on results: the prefix runs in eval mode, so it has no dropout; an uncached run of the
+same strategy applies dropout in the frozen layers too (they are frozen, not in eval mode). The
+two runs therefore differ by more than float noise, which is why the switch is off by default.
+In eval mode the cached model computes the same logits as the full model (tested). Dev and
+test are evaluated with the full model (a normal forward), as without caching.
+
+Valid only where nothing below block k trains: ``freeze.embeddings=true`` with ``first`` (or
+``all``, or ``layers`` starting at 0), strategy ``layers``, no adapters; elsewhere the run goes on
+without the cache and says why (tag ``speed.cache_frozen``). Works for encoders whose base model
+calls ``embeddings`` and then iterates over its block list (BERT family, DistilBERT); any other
+is caught by a check of the cached forward against the full one before training.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from ablate import model as model_lib
+from ablate.errors import AblateError
+
+log = logging.getLogger(__name__)
+
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class PrefixStore:
+    """Hidden states after the frozen prefix for every window, real tokens only, concatenated."""
+
+    hidden: torch.Tensor  # (total tokens + 1, hidden size); the last row is zeros, for padding
+    offsets: torch.Tensor  # (windows,) start row of each window
+    lengths: torch.Tensor  # (windows,)
+
+    @property
+    def nbytes(self) -> int:
+        return self.hidden.numel() * self.hidden.element_size()
+
+    def batch(self, index: torch.Tensor, length: int) -> torch.Tensor:
+        """(B, length, hidden) for windows ``index``, zero-padded on the right."""
+        index = index.to(self.offsets.device)
+        pos = torch.arange(length, device=self.offsets.device)
+        rows = self.offsets[index, None] + pos
+        rows = torch.where(pos < self.lengths[index, None], rows, self.hidden.size(0) - 1)
+        return self.hidden[rows]
+
+
+def _owner(root: nn.Module, target: nn.Module) -> tuple[nn.Module, str]:
+    for module in root.modules():
+        for name, child in module.named_children():
+            if child is target:
+                return module, name
+    raise AblateError(f"cannot find where {type(target).__name__} sits in {type(root).__name__}")
+
+
+def _parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
+    base = model_lib.encoder(model)
+    embeddings = getattr(base, "embeddings", None)
+    if not isinstance(embeddings, nn.Module):
+        raise AblateError(
+            f"trainer.cache_frozen: {type(base).__name__} has no `embeddings` module to replace"
+        )
+    return base, model_lib.blocks(model), embeddings
+
+
+class _Feed(nn.Module):
+    """Stands in for the embeddings: returns the cached hidden states, whatever it is given."""
+
+    def __init__(self, hidden: torch.Tensor):
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        return self.hidden
+
+
+@contextmanager
+def _swapped(model: nn.Module, k: int, hidden: torch.Tensor | None) -> Iterator[None]:
+    """Blocks 0..k-1 only (``hidden`` None: the prefix), or the cache fed into blocks k.. ."""
+    base, blocks, embeddings = _parts(model)
+    block_owner, block_name = _owner(base, blocks)
+    emb_owner, emb_name = _owner(base, embeddings)
+    setattr(block_owner, block_name, blocks[:k] if hidden is None else blocks[k:])
+    if hidden is not None:
+        setattr(emb_owner, emb_name, _Feed(hidden))
+    try:
+        yield
+    finally:
+        setattr(block_owner, block_name, blocks)
+        setattr(emb_owner, emb_name, embeddings)
+
+
+def frozen_prefix(applied) -> tuple[int, str | None]:
+    """(k, None) when the embeddings and blocks 0..k-1 (k >= 1) are frozen and nothing else
+    below block k trains; else (0, why not)."""
+    model = applied.model
+    if model_lib.unwrap(model) is not model:
+        return 0, "adapter models (LoRA) train inside every block"
+    if applied.callbacks:
+        return 0, "the strategy changes what trains during training"
+    if applied.param_groups is not None:
+        return 0, "the strategy builds its own optimiser groups"
+    if not applied.embeddings_frozen:
+        return 0, "the embeddings train (set freeze.embeddings=true)"
+    frozen = set(applied.frozen_blocks)
+    k = 0
+    while k in frozen:
+        k += 1
+    if k == 0:
+        return 0, "block 0 trains"
+    try:
+        base, blocks, _ = _parts(model)
+    except AblateError as exc:
+        return 0, str(exc)
+    suffix = {id(p) for block in blocks[k:] for p in block.parameters()}
+    stray = [
+        name
+        for name, p in base.named_parameters()
+        if p.requires_grad and id(p) not in suffix and not name.startswith("pooler.")
+    ]
+    if stray:
+        return 0, f"encoder parameters below block {k} train: {', '.join(stray[:3])}"
+    return k, None
+
+
+def _pad(features: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    length = max(len(f["input_ids"]) for f in features)
+    batch = {}
+    for key in ENCODER_INPUTS:
+        if key not in features[0]:
+            continue
+        fill = pad_id if key == "input_ids" else 0
+        batch[key] = torch.tensor(
+            [list(f[key]) + [fill] * (length - len(f[key])) for f in features]
+        )
+    return batch
+
+
+# no_grad, not inference_mode: the store feeds training, and inference tensors cannot be saved for
+# backward.
+@torch.no_grad()
+def compute(
+    model: nn.Module, k: int, features: Sequence[dict], batch_size: int, pad_id: int = 0
+) -> PrefixStore:
+    """Run the embeddings and blocks 0..k-1 in eval mode over every window, in length order."""
+    device = next(model.parameters()).device
+    lengths = torch.tensor([len(f["input_ids"]) for f in features], dtype=torch.long)
+    offsets = torch.zeros_like(lengths)
+    offsets[1:] = torch.cumsum(lengths, 0)[:-1]
+    hidden_size = model.config.hidden_size
+    hidden = torch.zeros(int(lengths.sum()) + 1, hidden_size, device=device)
+    order = torch.argsort(lengths, stable=True).tolist()
+    was_training = model.training
+    model.eval()
+    base = model_lib.encoder(model)
+    try:
+        with _swapped(model, k, None):
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                batch = {
+                    key: v.to(device)
+                    for key, v in _pad([features[i] for i in rows], pad_id).items()
+                }
+                out = base(**batch)[0]
+                for j, i in enumerate(rows):
+                    n = int(lengths[i])
+                    hidden[offsets[i] : offsets[i] + n] = out[j, :n].float()
+    finally:
+        model.train(was_training)
+    return PrefixStore(hidden=hidden, offsets=offsets.to(device), lengths=lengths.to(device))
+
+
+class PrefixCached(nn.Module):
+    """The task model training on cached prefix outputs; a normal model without ``prefix_index``.
+
+    ``forward(input_ids, attention_mask, labels, prefix_index)`` looks the windows' prefix output
+    up in the store and runs blocks k.. and the head on it; without ``prefix_index`` (dev, test)
+    it is the full model's forward.
+    """
+
+    main_input_name = "input_ids"
+
+    def __init__(self, model: nn.Module, k: int, store: PrefixStore):
+        super().__init__()
+        self.model = model
+        self.k = k
+        self.store = store
+        self.config = model.config  # the Trainer reads it
+        if hasattr(model, "accepts_loss_kwargs"):
+            self.accepts_loss_kwargs = model.accepts_loss_kwargs
+        else:  # the Trainer's own rule, applied to the wrapped model rather than this wrapper
+            params = inspect.signature(model.forward).parameters.values()
+            self.accepts_loss_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
+
+    @property
+    def base_model(self) -> nn.Module:
+        return model_lib.encoder(self.model)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, prefix_index=None, **kw):
+        if prefix_index is None:
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kw
+            )
+        hidden = self.store.batch(prefix_index, input_ids.size(1)).to(input_ids.device)
+        with _swapped(self.model, self.k, hidden):
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kw
+            )
+
+
+def _logits(out) -> torch.Tensor:
+    return out["logits"] if isinstance(out, dict) or hasattr(out, "keys") else out[0]
+
+
+@torch.inference_mode()
+def check(wrapped: PrefixCached, features: Sequence[dict], pad_id: int = 0, n: int = 4) -> float:
+    """Max |logits difference| between the cached and the full forward (eval mode), on ``n``
+    training windows."""
+    was_training = wrapped.training
+    wrapped.eval()
+    try:
+        batch = _pad(features[:n], pad_id)
+        device = next(wrapped.parameters()).device
+        batch = {key: v.to(device) for key, v in batch.items()}
+        index = torch.arange(min(n, len(features)))
+        cached = _logits(wrapped(**batch, prefix_index=index))
+        full = _logits(wrapped(**batch))
+        mask = batch["attention_mask"].bool() if cached.dim() == 3 else slice(None)
+        return float((cached[mask] - full[mask]).abs().max())
+    finally:
+        wrapped.train(was_training)
+
+
+def wrap(
+    cfg: DictConfig, applied, features: list[dict], tokenizer, run
+) -> tuple[nn.Module, list[dict]]:
+    """With ``trainer.cache_frozen`` and a valid frozen prefix: the model wrapped to train on the
+    cached prefix output, and the training windows with their ``prefix_index``. Otherwise the model
+    and windows unchanged. Tag ``speed.cache_frozen`` says which, and why."""
+    model = applied.model
+    if not cfg.trainer.cache_frozen:
+        run.tags({"speed.cache_frozen": "off"})
+        return model, features
+    k, why = frozen_prefix(applied)
+    if why is not None or not features:
+        why = why or "no training windows"
+        log.warning("trainer.cache_frozen: not applied (%s); training the usual way", why)
+        run.tags({"speed.cache_frozen": f"not applied: {why}"})
+        return model, features
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    t0 = time.perf_counter()
+    store = compute(model, k, features, cfg.trainer.eval_batch_size, pad_id)
+    seconds = time.perf_counter() - t0
+    wrapped = PrefixCached(model, k, store)
+    diff = check(wrapped, features, pad_id)
+    if not diff <= 1e-3:  # also catches NaN
+        raise AblateError(
+            f"trainer.cache_frozen: the cached forward of {type(model).__name__} differs from the "
+            f"full one by {diff:.3g}; this architecture is not supported, set "
+            f"trainer.cache_frozen=false"
+        )
+    what = f"embeddings + blocks 0-{k - 1}"
+    run.tags({"speed.cache_frozen": what})
+    run.metrics({"cache_frozen_time_s": seconds, "cache_frozen_mb": store.nbytes / 2**20})
+    log.info(
+        "cache_frozen: %s computed once for %d windows in %.1f s (%.0f MiB)",
+        what, len(features), seconds, store.nbytes / 2**20,
+    )  # fmt: skip
+    return wrapped, [{**f, "prefix_index": i} for i, f in enumerate(features)]

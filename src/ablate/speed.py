@@ -1,0 +1,453 @@
+"""The speed switches of ``conf/trainer``, the Trainer that applies them, and their meters.
+
+- ``trainer.length_grouping``: ``split`` (default) keeps the plain recipe's random batches but
+  computes each as a few sub-batches of similar length (``split_by_length``): the same gradient,
+  less padding. ``bucket`` forms the batches themselves from windows of similar length
+  (``LengthBucketSampler``): least padding, but other batches, which cost accuracy early in
+  training (README "Speed"). ``off``: padded random batches.
+- ``trainer.fused_adamw``: the same AdamW update in one fused kernel (CPU and GPU). On CPU the
+  default per-parameter loop re-reads every weight several times: on MiniLM it took most of a
+  full fine-tuning step.
+- ``trainer.sorted_eval``: dev/test batches sorted by length; predictions are returned in the
+  dataset's order. Every prediction step runs under ``torch.inference_mode()``.
+- ``trainer.bf16`` (null = on for a GPU that has it, off on CPU; ``true`` on a CPU with AVX-512
+  BF16/AMX is opt-in: it changes the numerics), ``trainer.tf32`` and ``trainer.pin_memory``
+  (GPU only).
+
+``SpeedMeter`` logs per epoch the real (non-pad) training tokens, their rate, the padding share
+and the dev evaluation time; with ``trainer.measure_flops`` also the training FLOPs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import Dataset, Sampler, SequentialSampler
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import EvalLoopOutput, has_length
+
+from ablate.errors import AblateError
+from ablate.labels import IGNORE
+
+# Per-example keys that are not model inputs to pad but scalars to stack (prefix.py's cache index).
+PASSTHROUGH = ("prefix_index",)
+LENGTH_GROUPING = ("split", "bucket", "off")
+# What one more sub-batch costs, in padded tokens of MiniLM (1.77 M parameters per block):
+# kernel launches, small matrix products. Splits minimising padded tokens + this x sub-batches
+# were fastest on CPU here (32-64 alike). Both the overhead and a token's cost grow with the
+# number of blocks run, so for other encoders it scales with 1 / parameters per block.
+SUB_BATCH_COST = 64
+SUB_BATCH_REFERENCE_PARAMS = 1.77e6
+
+
+def training_kwargs(
+    t: DictConfig,
+    cuda: bool | None = None,
+    bf16_ok: bool | None = None,
+    tf32_ok: bool | None = None,
+) -> dict[str, Any]:
+    """TrainingArguments for ``trainer``'s speed switches on this machine (or the one described).
+
+    ``cuda``/``bf16_ok``/``tf32_ok`` default to what torch reports here; tests pass them to check
+    the GPU configuration on a CPU machine.
+    """
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if bf16_ok is None:
+        bf16_ok = torch.cuda.is_bf16_supported() if cuda else _cpu_bf16()
+    if tf32_ok is None:
+        tf32_ok = cuda and torch.cuda.get_device_capability()[0] >= 8
+    bf16 = (cuda and bf16_ok) if t.bf16 is None else bool(t.bf16)
+    if bf16 and not bf16_ok:
+        where = "this GPU" if cuda else "this CPU (it needs AVX-512 BF16 or AMX)"
+        raise AblateError(f"trainer.bf16=true: {where} has no bfloat16 support")
+    if t.length_grouping not in LENGTH_GROUPING:
+        raise AblateError(
+            f"trainer.length_grouping={t.length_grouping!r} is not one of "
+            f"{', '.join(LENGTH_GROUPING)}"
+        )
+    kwargs: dict[str, Any] = {
+        "train_sampling_strategy": "group_by_length" if t.length_grouping == "bucket" else "random",
+        "optim": "adamw_torch_fused" if t.fused_adamw else "adamw_torch",
+        "bf16": bf16,
+        "dataloader_pin_memory": bool(cuda and t.pin_memory),
+    }
+    if cuda and t.tf32 and tf32_ok:
+        kwargs["tf32"] = True
+    return kwargs
+
+
+def _cpu_bf16() -> bool:
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX512", "AVX512_BF16", "AMX"):
+        return False
+    try:  # what torch itself checks before it allows CPU autocast to bf16
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class LengthBucketSampler(Sampler[int]):
+    """Each epoch: a random permutation, sorted by length within chunks of ``mega`` batches, cut
+    into batches that are then shuffled; the one short batch (if any) comes last.
+
+    Every example once per epoch; padding 5-9 % on Naija at any size (random batches: ~63 %).
+    Hand-written because transformers' ``LengthGroupedSampler`` keeps each mega-batch's batches
+    in long-to-short order and, on a few hundred windows, groups only a handful of batches (28 %
+    padding at 500 sentences); the DataLoader slices this index stream into batches.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, mega: int = 50, generator=None):
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.mega = mega
+        self.generator = generator  # None: torch's global RNG, which the Trainer seeds
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        n, size = len(self.lengths), self.mega * self.batch_size
+        perm = torch.randperm(n, generator=self.generator).tolist()
+        full, short = [], []
+        for start in range(0, n, size):
+            chunk = sorted(perm[start : start + size], key=self.lengths.__getitem__)
+            for i in range(0, len(chunk), self.batch_size):
+                batch = chunk[i : i + self.batch_size]
+                (full if len(batch) == self.batch_size else short).append(batch)
+        order = torch.randperm(len(full), generator=self.generator).tolist()
+        return iter([i for b in order for i in full[b]] + [i for batch in short for i in batch])
+
+
+def split_by_length(inputs: Mapping, cost: int | None = None) -> list[dict] | None:
+    """The rows of a right-padded batch as sub-batches of similar length, each cropped to its
+    longest row; the partition minimises padded tokens + ``cost`` per sub-batch. None when
+    splitting would not save anything (or the batch is not right-padded)."""
+    cost = SUB_BATCH_COST if cost is None else cost
+    mask = inputs.get("attention_mask")
+    if mask is None or mask.dim() != 2 or mask.size(0) < 2:
+        return None
+    rows, width = mask.shape
+    lengths = mask.sum(1)
+    if not torch.equal(mask.bool(), torch.arange(width, device=mask.device) < lengths[:, None]):
+        return None
+    order = torch.argsort(lengths, stable=True)
+    ls = lengths[order].tolist()
+    # best[j]: cheapest split of the j shortest rows; an O(rows^2) dynamic programme
+    best, cut = [0] + [float("inf")] * rows, [0] * (rows + 1)
+    for j in range(1, rows + 1):
+        for i in range(j):
+            value = best[i] + (j - i) * ls[j - 1] + cost
+            if value < best[j]:
+                best[j], cut[j] = value, i
+    if best[rows] >= rows * width + cost:
+        return None
+    bounds, j = [], rows
+    while j > 0:
+        bounds.append((cut[j], j))
+        j = cut[j]
+    parts = []
+    for start, end in reversed(bounds):
+        index, length = order[start:end], ls[end - 1]
+        part = {}
+        for key, value in inputs.items():
+            if torch.is_tensor(value) and value.dim() >= 1 and value.size(0) == rows:
+                value = value[index]
+                if value.dim() >= 2 and value.size(1) == width:
+                    value = value[:, :length].contiguous()  # models .view() their labels
+            part[key] = value
+        parts.append(part)
+    return parts
+
+
+def sub_batch_cost(model: torch.nn.Module) -> int:
+    """``SUB_BATCH_COST`` scaled to the size of the blocks a training step runs (a small model
+    pays its per-sub-batch overhead in more tokens; blocks under a cached prefix do not run)."""
+    from ablate import model as model_lib
+    from ablate.prefix import PrefixCached
+
+    try:
+        blocks = model_lib.blocks(model)
+    except AblateError:
+        return SUB_BATCH_COST
+    running = blocks[model.k if isinstance(model, PrefixCached) else 0 :]
+    if not len(running):
+        return SUB_BATCH_COST
+    params = sum(p.numel() for block in running for p in block.parameters()) / len(running)
+    return max(1, round(SUB_BATCH_COST * SUB_BATCH_REFERENCE_PARAMS / max(params, 1)))
+
+
+def _trainable_word_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:
+    get = getattr(model, "get_input_embeddings", None)
+    if get is None:
+        return None
+    try:
+        words = get()
+    except (AttributeError, NotImplementedError):
+        return None
+    weight = getattr(words, "weight", None)
+    return words if weight is not None and weight.requires_grad else None
+
+
+class _Reordered(Dataset):
+    def __init__(self, base: Sequence, order: Sequence[int]):
+        self.base, self.order = base, order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, i: int):
+        return self.base[self.order[i]]
+
+
+def _unsort(value, order: np.ndarray):
+    """Rows of ``value`` (an array or a tuple of arrays) back from sorted to dataset order."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_unsort(v, order) for v in value)
+    if isinstance(value, np.ndarray) and value.ndim and len(value) == len(order):
+        out = np.empty_like(value)
+        out[order] = value
+        return out
+    return value
+
+
+class AblateTrainer(Trainer):
+    """The Trainer with ``length_grouping`` (``split``: sub-batches in ``compute_loss``;
+    ``bucket``: ``LengthBucketSampler``) and evaluation that never shuffles and, with
+    ``sorted_eval``, sorts by length.
+
+    With ``train_sampling_strategy="group_by_length"`` the stock Trainer also shuffles dev/test into
+    length groups; predictions must stay in dataset order (``predictions/dev.json`` pairs words
+    across runs), so evaluation here is always sequential, or sorted and put back in order.
+    """
+
+    def __init__(self, *args, sorted_eval: bool = True, length_grouping: str = "split", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sorted_eval = sorted_eval
+        self.split = length_grouping == "split"
+        self.sub_batch_cost = sub_batch_cost(self.model) if self.split else SUB_BATCH_COST
+        self.stats = getattr(self.data_collator, "stats", None)
+        if self.split and self.stats is not None:
+            self.stats.by_trainer = True  # count the sub-batches computed, not the batch
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.get("labels")
+        total = None if labels is None else (labels != IGNORE).sum()
+        parts = None
+        if self.split and model.training and not return_outputs and total:
+            words = _trainable_word_embeddings(model)
+            if words is not None and "input_ids" in inputs:
+                # One lookup for the whole batch: each lookup's backward writes a dense gradient
+                # of the whole vocabulary table (45 MB for MiniLM), which per part cost more
+                # than the padding saved.
+                ids = inputs["input_ids"]
+                inputs = {k: v for k, v in inputs.items() if k != "input_ids"}
+                inputs["inputs_embeds"] = words(ids)
+            parts = split_by_length(inputs, self.sub_batch_cost)
+        if parts is None:
+            if self.split and self.stats is not None and model.training:
+                self.stats.add(inputs)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # Each part's mean loss weighted by its share of the batch's labelled tokens: the mean
+        # over the whole batch, as one padded forward would give (padding never reaches a real
+        # token: attention masks it).
+        loss = 0.0
+        for part in parts:
+            if self.stats is not None:
+                self.stats.add(part)
+            n = (part["labels"] != IGNORE).sum()
+            if n:
+                part_items = n if num_items_in_batch is not None else None
+                loss = loss + super().compute_loss(model, part, False, part_items) * (n / total)
+        return loss
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy != "group_by_length" or not has_length(dataset):
+            return super()._get_train_sampler(train_dataset)
+        name = getattr(self.model, "main_input_name", "input_ids")
+        lengths = [len(dataset[i][name]) for i in range(len(dataset))]
+        return LengthBucketSampler(
+            lengths, self.args.train_batch_size * self.args.gradient_accumulation_steps
+        )
+
+    def _get_eval_sampler(self, eval_dataset):
+        return SequentialSampler(eval_dataset) if has_length(eval_dataset) else None
+
+    def prediction_step(self, *args, **kwargs):
+        with torch.inference_mode():
+            return super().prediction_step(*args, **kwargs)
+
+    def evaluation_loop(self, dataloader, description, *args, **kwargs) -> EvalLoopOutput:
+        dataset = getattr(dataloader, "dataset", None)
+        name = getattr(self.model, "main_input_name", "input_ids")
+        if (
+            not self.sorted_eval
+            or isinstance(dataset, _Reordered)
+            or not has_length(dataset)
+            or len(dataset) == 0
+            or self.args.world_size > 1
+            or self.args.batch_eval_metrics
+            or not isinstance(dataset[0], Mapping)
+            or name not in dataset[0]
+        ):
+            return super().evaluation_loop(dataloader, description, *args, **kwargs)
+        lengths = np.array([len(dataset[i][name]) for i in range(len(dataset))])
+        order = np.argsort(lengths, kind="stable")
+        loader = self.get_eval_dataloader(_Reordered(dataset, order.tolist()))
+        out = super().evaluation_loop(loader, description, *args, **kwargs)
+        return out._replace(
+            predictions=_unsort(out.predictions, order), label_ids=_unsort(out.label_ids, order)
+        )
+
+
+@dataclass
+class BatchStats:
+    """Token counts of the training batches computed while ``active``."""
+
+    active: bool = False
+    by_trainer: bool = False  # AblateTrainer counts the sub-batches it computes, not the collator
+    real: int = 0  # non-pad tokens
+    padded: int = 0  # batch x padded length
+    sum_bl2: int = 0  # batch x padded length^2 (attention's share of the FLOPs)
+    shapes: list[tuple[int, int]] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.real = self.padded = self.sum_bl2 = 0
+        self.shapes = []
+
+    def add(self, batch: Mapping) -> None:
+        """Count one computed batch (its ``attention_mask``, else its ``input_ids``)."""
+        mask = batch.get("attention_mask")
+        shaped = mask if mask is not None else batch.get("input_ids")
+        if not self.active or shaped is None or shaped.dim() < 2:
+            return
+        b, length = shaped.shape[:2]
+        self.real += int(mask.sum()) if mask is not None else b * length
+        self.padded += b * length
+        self.sum_bl2 += b * length * length
+        self.shapes.append((b, length))
+
+
+class CountingCollator:
+    """Wraps a collator: stacks ``PASSTHROUGH`` keys and counts tokens of training batches."""
+
+    def __init__(self, inner: Callable):
+        self.inner = inner
+        self.stats = BatchStats()
+
+    def __call__(self, features: list[dict]) -> dict:
+        extra = {k: [f[k] for f in features] for k in PASSTHROUGH if k in features[0]}
+        if extra:
+            features = [{k: v for k, v in f.items() if k not in extra} for f in features]
+        batch = self.inner(features)
+        for k, values in extra.items():
+            batch[k] = torch.tensor(values)
+        if not self.stats.by_trainer:
+            self.stats.add(batch)
+        return batch
+
+
+def train_step_flops(model: torch.nn.Module, batch: dict) -> int:
+    """FLOPs of one forward + backward on ``batch`` (torch's FlopCounterMode); grads are cleared.
+
+    CPU attention kernels are not counted by torch 2.13's counter: at these lengths that is under
+    1 % of a BERT block's FLOPs.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was_training = model.training
+    model.train()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = model(**batch)
+        loss = out["loss"] if isinstance(out, Mapping) else out[0]
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    return counter.get_total_flops()
+
+
+def _crop(feature: dict, length: int) -> dict:
+    return {k: v[:length] if isinstance(v, (list, tuple)) else v for k, v in feature.items()}
+
+
+def flop_model(
+    model: torch.nn.Module, dataset: Sequence[dict], collate: Callable, device
+) -> tuple[float, float]:
+    """(a, b) with FLOPs of a training step on a (B, L) batch = B x (a x L + b x L^2).
+
+    Two probes of the longest examples cropped to two lengths; attention makes the L^2 term.
+    """
+    longest = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["input_ids"]))[-4:]
+    top = min(len(dataset[i]["input_ids"]) for i in longest)
+    lengths = (max(2, top // 2), top) if top >= 4 else (top, top)
+    per_example = []
+    for length in lengths:
+        batch = collate([_crop(dataset[i], length) for i in longest])
+        batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        per_example.append(train_step_flops(model, batch) / len(longest))
+    (l1, l2), (f1, f2) = lengths, per_example
+    if l1 == l2:
+        return f2 / l2, 0.0
+    b = max(0.0, (f2 / l2 - f1 / l1) / (l2 - l1))
+    return f1 / l1 - b * l1, b
+
+
+class SpeedMeter(TrainerCallback):
+    """Logs per epoch (step = epoch): ``train_tokens`` (non-pad), ``train_tokens_per_s``,
+    ``padding_pct`` and ``dev_eval_time_s``; with ``measure_flops`` at the end also
+    ``train_flops_per_epoch`` and ``train_flops_per_s`` (executed FLOPs, padding included).
+    """
+
+    def __init__(self, run, collator: CountingCollator, measure_flops: bool = False):
+        self.run = run
+        self.collator = collator
+        self.measure_flops = measure_flops
+        self.epoch_stats: list[tuple[int, int, int, float]] = []  # real, padded, sum_bl2, seconds
+        self._t0 = 0.0
+
+    @staticmethod
+    def _epoch(state) -> int:
+        return int(round(state.epoch or 0))
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.collator.stats.reset()
+        self.collator.stats.active = True
+        self._t0 = time.perf_counter()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        seconds = time.perf_counter() - self._t0
+        s = self.collator.stats
+        s.active = False
+        self.epoch_stats.append((s.real, s.padded, s.sum_bl2, seconds))
+        metrics = {"train_tokens": s.real, "train_tokens_per_s": s.real / max(seconds, 1e-9)}
+        if s.padded:
+            metrics["padding_pct"] = 100.0 * (s.padded - s.real) / s.padded
+        self.run.metrics(metrics, step=self._epoch(state))
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if metrics and "eval_runtime" in metrics:
+            self.run.metrics({"dev_eval_time_s": metrics["eval_runtime"]}, step=self._epoch(state))
+
+    def on_train_end(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        if not (self.measure_flops and self.epoch_stats and model is not None):
+            return
+        dataset = getattr(train_dataloader, "dataset", None)
+        if dataset is None or not len(dataset):
+            return
+        a, b = flop_model(model, dataset, self.collator, args.device)  # stats inactive now
+        flops = [a * padded + b * bl2 for _, padded, bl2, _ in self.epoch_stats]
+        seconds = sum(s for *_, s in self.epoch_stats)
+        self.run.metrics(
+            {
+                "train_flops_per_epoch": sum(flops) / len(flops),
+                "train_flops_per_s": sum(flops) / max(seconds, 1e-9),
+            }
+        )

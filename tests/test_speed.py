@@ -1,0 +1,420 @@
+"""Speed work (issue 6): tokenisation cache, length grouping, sorted evaluation, frozen-prefix
+caching, precision settings, the bench's table, and a real sweep with the caches on."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli, slice_overrides
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+from transformers import (
+    AutoModelForTokenClassification,
+    DataCollatorForTokenClassification,
+    DistilBertConfig,
+)
+
+from ablate import bench, cache, freeze, labels, metrics, prefix, speed, tasks
+from ablate import model as model_lib
+from ablate.errors import AblateError
+from ablate.trainer import training_arguments
+
+TASK = tasks.get("pos")
+LABEL2ID = {name: i for i, name in enumerate(TASK.labels)}
+
+
+class FakeRun:
+    """Collects what a tracking.Run would log."""
+
+    def __init__(self):
+        self.tag_log: dict[str, str] = {}
+        self.metric_log: dict[str, float] = {}
+
+    def tags(self, tags):
+        self.tag_log.update({k: str(v) for k, v in tags.items()})
+
+    def metrics(self, values, step=None):
+        self.metric_log.update(values)
+
+
+def compose(*overrides: str):
+    return bench.compose(["model=tiny", *overrides])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return model_lib.load_tokenizer(compose().model)
+
+
+@pytest.fixture(scope="module")
+def sentences(slice_root):
+    folder = slice_root / "ud" / "UD_Naija-Slice"
+    return {
+        s: TASK.read(next(folder.glob(f"*-ud-{s}.conllu")), lowercase=True)
+        for s in ("train", "dev")
+    }
+
+
+@pytest.fixture(scope="module")
+def features(sentences, tokenizer):
+    return {s: TASK.encode(sents, tokenizer, LABEL2ID, 128) for s, sents in sentences.items()}
+
+
+def build(*overrides: str):
+    cfg = compose(*overrides)
+    torch.manual_seed(0)
+    model = model_lib.build(cfg.model, AutoModelForTokenClassification, TASK.labels)
+    return freeze.apply(model, cfg.freeze), cfg
+
+
+# --- tokenisation cache -------------------------------------------------------------------------
+
+
+def test_tokenisation_cache_hits_on_the_second_job_and_is_invalidated(tmp_path, sentences):
+    def job(max_length=128, tok=None, on=True):
+        cfg = OmegaConf.create(
+            {
+                "data": {
+                    "max_length": max_length,
+                    "tokenized_cache": on,
+                    "tokenized_cache_dir": str(tmp_path),
+                }
+            }
+        )
+        run, stats = FakeRun(), {s: {} for s in sentences}
+        tok = tok or model_lib.load_tokenizer(compose().model)  # a fresh one, as in a new job
+        feats = cache.encode_splits(cfg, TASK, sentences, tok, LABEL2ID, run, stats)
+        return run.tag_log["data.cache"], feats, stats
+
+    first, feats, stats = job()
+    second, cached, cached_stats = job()
+    assert (first, second) == ("miss", "hit")
+    assert cached == feats and cached_stats == stats
+    assert job(max_length=24)[0] == "miss"  # another window size
+    assert job(max_length=24)[0] == "hit"
+    other = model_lib.load_tokenizer(compose().model)
+    other.add_tokens(["naijaword"])  # another vocabulary
+    assert job(tok=other)[0] == "miss"
+    assert job()[0] == "hit"
+    assert job(on=False)[0] == "off"
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary files left
+
+
+def test_cache_files_hold_no_pickles_and_round_trip(tmp_path, features):
+    path = tmp_path / "f.npz"
+    cache.save(path, features["dev"], {"windowed_sentences": 3})
+    with np.load(path, allow_pickle=False) as npz:
+        assert all(npz[name].dtype != object for name in npz.files)
+    stats = {}
+    assert cache.load(path, stats) == features["dev"]
+    assert stats == {"windowed_sentences": 3}
+
+
+# --- length grouping and evaluation order -------------------------------------------------------
+
+
+def make_trainer(tmp_path, model, train, dev, tokenizer, sorted_eval=True, *overrides):
+    cfg = compose(*overrides)
+    return speed.AblateTrainer(
+        sorted_eval=sorted_eval,
+        length_grouping=cfg.trainer.length_grouping,
+        model=model,
+        args=training_arguments(cfg, str(tmp_path)),
+        train_dataset=train,
+        eval_dataset=dev,
+        data_collator=speed.CountingCollator(DataCollatorForTokenClassification(tokenizer)),
+        processing_class=tokenizer,
+        compute_metrics=TASK.compute_metrics,
+        preprocess_logits_for_metrics=metrics.argmax_logits,
+    )
+
+
+def test_bucket_batching_yields_every_example_once_per_epoch(tmp_path, tokenizer):
+    rng = np.random.default_rng(0)
+    train = [
+        {"input_ids": [101] * int(n), "labels": [0] * int(n)} for n in rng.integers(3, 60, 900)
+    ]
+    model = build()[0].model  # the sampler never calls it
+    bucket = "trainer.length_grouping=bucket"
+    trainer = make_trainer(tmp_path, model, train, train[:1], tokenizer, True, bucket)
+    assert trainer.args.train_sampling_strategy == "group_by_length"
+    sampler = trainer._get_train_sampler()
+    assert isinstance(sampler, speed.LengthBucketSampler)
+    epochs = [list(sampler) for _ in range(2)]
+    for order in epochs:
+        assert sorted(order) == list(range(len(train)))
+    assert epochs[0] != epochs[1]  # reshuffled each epoch
+
+    def padded(order):
+        return sum(
+            16 * max(len(train[i]["input_ids"]) for i in order[s : s + 16])
+            for s in range(0, len(order), 16)
+        )
+
+    assert padded(epochs[0]) < 0.7 * padded(rng.permutation(len(train)).tolist())
+    sizes = [len(b) for b in np.array_split(epochs[0], range(16, len(train), 16))]
+    assert set(sizes[:-1]) == {16}  # only the last batch is short: batches stay aligned
+    small = speed.LengthBucketSampler([5] * 33 + [9] * 20, batch_size=16, mega=2)
+    assert sorted(small) == list(range(53)) and len(small) == 53
+    default = make_trainer(tmp_path, model, train, train[:1], tokenizer)
+    assert default.split and default.args.train_sampling_strategy == "random"  # the plain batches
+    with pytest.raises(AblateError, match=r"trainer\.length_grouping='sorted' is not one of"):
+        make_trainer(
+            tmp_path, model, train, train[:1], tokenizer, True, "trainer.length_grouping=sorted"
+        )
+
+
+def test_split_batches_hold_every_row_once_and_give_the_same_gradient(
+    tmp_path, features, tokenizer
+):
+    no_dropout = [
+        "+model.config_overrides.hidden_dropout_prob=0.0",
+        "+model.config_overrides.attention_probs_dropout_prob=0.0",
+    ]
+    applied, _ = build(*no_dropout)  # full fine-tuning: the word embeddings train too
+    model = applied.model.train()
+    train = features["train"]
+    batch = speed.CountingCollator(DataCollatorForTokenClassification(tokenizer))(
+        [train[i] for i in range(0, 80, 5)]
+    )
+    parts = speed.split_by_length(batch, cost=8)
+    assert len(parts) > 1
+    rows = sorted(
+        tuple(r[m.bool()].tolist())
+        for p in parts
+        for r, m in zip(p["input_ids"], p["attention_mask"], strict=True)
+    )
+    assert rows == sorted(tuple(f["input_ids"]) for f in (train[i] for i in range(0, 80, 5)))
+    assert sum(p["input_ids"].numel() for p in parts) < batch["input_ids"].numel()
+
+    trainer = make_trainer(tmp_path, model, train, train[:1], tokenizer)
+    assert trainer.sub_batch_cost > 1000  # a tiny model's sub-batch overhead: rarely worth it
+    trainer.sub_batch_cost = 8  # force the split this test is about
+    n_items = (batch["labels"] != labels.IGNORE).sum()
+    grads, computed = [], 0
+    for split in (True, False):
+        trainer.split = split
+        trainer.stats.reset()
+        trainer.stats.active = split
+        model.zero_grad()
+        loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=n_items)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        if split:
+            computed = len(trainer.stats.shapes)
+    assert computed == len(parts) > 1  # the trainer computed the sub-batches
+    (split_loss, split_grads), (loss, full_grads) = grads
+    torch.testing.assert_close(split_loss, loss, atol=1e-6, rtol=1e-5)
+    for a, b in zip(split_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_sorted_evaluation_returns_predictions_in_dataset_order(tmp_path, features, tokenizer):
+    applied, _ = build()
+    dev = features["dev"]
+    outs = [
+        make_trainer(tmp_path, applied.model, None, dev, tokenizer, sorted_eval).predict(dev)
+        for sorted_eval in (True, False)
+    ]
+    (sorted_out, plain_out) = outs
+    assert np.array_equal(sorted_out.label_ids, plain_out.label_ids)
+    mask = plain_out.label_ids != labels.IGNORE
+    assert np.array_equal(sorted_out.predictions[mask], plain_out.predictions[mask])
+    assert sorted_out.metrics["test_accuracy"] == plain_out.metrics["test_accuracy"]
+    assert sorted_out.metrics["test_words"] == labels.count_scored(dev)
+
+
+# --- frozen-prefix caching ----------------------------------------------------------------------
+
+
+def tiny_distilbert():
+    config = DistilBertConfig(
+        vocab_size=30522, dim=32, n_layers=6, n_heads=2, hidden_dim=64, num_labels=len(LABEL2ID)
+    )
+    torch.manual_seed(0)
+    model = AutoModelForTokenClassification.from_config(config)
+    return freeze.apply(model, compose("freeze=first4", "freeze.embeddings=true").freeze)
+
+
+@pytest.mark.parametrize("arch", ["bert", "bert-bilstm", "distilbert"])
+def test_cached_prefix_logits_match_the_full_model_in_eval_mode(arch, features, tokenizer):
+    if arch == "distilbert":
+        applied = tiny_distilbert()
+    else:
+        head = ["model.head=bilstm"] if arch == "bert-bilstm" else []
+        applied, _ = build("freeze=first4", "freeze.embeddings=true", *head)
+    k, why = prefix.frozen_prefix(applied)
+    assert (k, why) == (4, None)
+    train = features["train"]
+    store = prefix.compute(applied.model, k, train, batch_size=7)
+    wrapped = prefix.PrefixCached(applied.model, k, store).eval()
+    collate = speed.CountingCollator(DataCollatorForTokenClassification(tokenizer))
+    rows = [{**train[i], "prefix_index": i} for i in (0, 5, 17, 33, 60)]  # various lengths
+    batch = collate(rows)
+    with torch.no_grad():
+        cached = wrapped(**batch).logits
+        full = applied.model(**{k: v for k, v in batch.items() if k != "prefix_index"}).logits
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(cached[real], full[real], atol=1e-5, rtol=1e-5)
+    assert prefix.check(wrapped, train) < 1e-5
+
+
+def test_cached_prefix_training_equals_uncached_training_without_dropout(features, tokenizer):
+    no_dropout = [
+        "+model.config_overrides.hidden_dropout_prob=0.0",
+        "+model.config_overrides.attention_probs_dropout_prob=0.0",
+    ]
+    applied, _ = build("freeze=first4", "freeze.embeddings=true", *no_dropout)
+    uncached = copy.deepcopy(applied.model)
+    initial = applied.model.classifier.weight.detach().clone()
+    train = features["train"]
+    wrapped = prefix.PrefixCached(applied.model, 4, prefix.compute(applied.model, 4, train, 16))
+    collate = speed.CountingCollator(DataCollatorForTokenClassification(tokenizer))
+    models = (wrapped, uncached)
+    optimisers = [
+        torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2) for m in models
+    ]
+    for start in range(0, 64, 16):
+        batch = collate([{**train[i], "prefix_index": i} for i in range(start, start + 16)])
+        plain_batch = {k: v for k, v in batch.items() if k != "prefix_index"}
+        for model, opt, inputs in zip(models, optimisers, (batch, plain_batch), strict=True):
+            model.train()
+            model(**inputs).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    dev = collate(features["dev"][:8])
+    with torch.no_grad():
+        after = [m.eval()(**dev).logits for m in models]
+    torch.testing.assert_close(after[0], after[1], atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(applied.model.classifier.weight, initial)  # it did train
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        (["freeze=first4"], "the embeddings train"),
+        (["freeze=last2", "freeze.embeddings=true"], "block 0 trains"),
+        (["freeze=gradual"], "changes what trains"),
+        (["freeze=lora"], "adapter"),
+        (["freeze=none"], "the embeddings train"),
+    ],
+)
+def test_frozen_prefix_is_refused_where_something_below_it_trains(overrides, why):
+    applied, _ = build(*overrides)
+    k, reason = prefix.frozen_prefix(applied)
+    assert k == 0 and why in reason
+
+
+def test_cache_frozen_off_or_invalid_leaves_the_model_alone(features, tokenizer):
+    for overrides, tag in (
+        (["freeze=first4", "freeze.embeddings=true"], "off"),
+        (["freeze=first4", "trainer.cache_frozen=true"], "not applied: the embeddings train"),
+    ):
+        applied, cfg = build(*overrides)
+        run = FakeRun()
+        model, train = prefix.wrap(cfg, applied, features["train"], tokenizer, run)
+        assert model is applied.model and train is features["train"]
+        assert run.tag_log["speed.cache_frozen"].startswith(tag)
+
+
+# --- precision and optimiser settings -----------------------------------------------------------
+
+
+def test_gpu_and_cpu_training_arguments():
+    t = compose().trainer
+    gpu = speed.training_kwargs(t, cuda=True, bf16_ok=True, tf32_ok=True)
+    assert gpu == {
+        "train_sampling_strategy": "random",  # length_grouping=split keeps the random batches
+        "optim": "adamw_torch_fused",
+        "bf16": True,
+        "dataloader_pin_memory": True,
+        "tf32": True,
+    }
+    cpu = speed.training_kwargs(t, cuda=False, bf16_ok=True, tf32_ok=False)
+    assert cpu["bf16"] is False and "tf32" not in cpu and cpu["dataloader_pin_memory"] is False
+    opt_in = compose("trainer.bf16=true").trainer
+    assert speed.training_kwargs(opt_in, cuda=False, bf16_ok=True, tf32_ok=False)["bf16"] is True
+    with pytest.raises(AblateError, match=r"trainer\.bf16=true: this CPU"):
+        speed.training_kwargs(opt_in, cuda=False, bf16_ok=False, tf32_ok=False)
+    off = compose("trainer.fused_adamw=false", "trainer.tf32=false", "trainer.bf16=false").trainer
+    gpu_off = speed.training_kwargs(off, cuda=True, bf16_ok=True, tf32_ok=True)
+    assert gpu_off["optim"] == "adamw_torch" and not gpu_off["bf16"] and "tf32" not in gpu_off
+
+
+# --- the bench's arithmetic ---------------------------------------------------------------------
+
+
+def fake_job(config, recipe, epoch_s, eval_s, acc, cache_s=0.0):
+    return {
+        "config": config,
+        "recipe": recipe,
+        "result": {
+            "epoch_time_s": [epoch_s, epoch_s],
+            "dev_eval_time_s": [eval_s, eval_s],
+            "dev_accuracy": [0.5, acc],
+            "train_tokens": [1000, 1000],
+            "padding_pct": [10, 10],
+            "train_flops_per_epoch": 1e9 * epoch_s,
+            "tokenize_time_s": 1.0,
+            "cache_frozen_time_s": cache_s,
+            "rss_mb": 500,
+            "wall_s": 60,
+        },
+    }
+
+
+def test_bench_table_ratios_charge_the_prefix_cache_to_the_epochs():
+    jobs = [
+        fake_job("full", "plain", 10, 3, 0.900),
+        fake_job("full", "ablate", 4, 1, 0.901),
+        fake_job("full", "bucket", 3, 1, 0.880),
+        fake_job("first4", "plain", 10, 3, 0.8),
+        fake_job("first4", "ablate", 1, 1, 0.8, cache_s=2.0),  # 1 s/epoch + 2 s once = 2 s/epoch
+    ]
+    summary = bench.summarise(jobs, epochs=2, peak=1e10)
+    text, comparisons = bench.table(summary, ["full", "first4"], epochs=2)
+    assert comparisons["full.ablate.train_s_ratio"] == pytest.approx(0.4)
+    assert comparisons["full.bucket.train_s_ratio"] == pytest.approx(0.3)
+    assert comparisons["first4.ablate.train_s_ratio"] == pytest.approx(0.2)
+    assert comparisons["full.ablate.eval_s_ratio"] == pytest.approx(1 / 3)
+    assert comparisons["full.ablate.dev_acc_diff_pt"] == pytest.approx(0.1)
+    assert comparisons["full.bucket.dev_acc_diff_pt"] == pytest.approx(-2.0)
+    assert comparisons["first4.ablate.tokens_per_s_ratio"] == pytest.approx(5.0)
+    assert "<= 0.4: ablate: met, bucket: met" in text
+    assert "<= 0.33: ablate: missed, bucket: missed" in text
+    assert "within 0.2 pt: ablate: met, bucket: missed" in text
+    assert text.count("\n") == 2 + 2 * len(bench.ROWS)
+
+
+# --- a real sweep -------------------------------------------------------------------------------
+
+
+def test_real_sweep_reuses_tokenisation_and_trains_on_the_cached_prefix(
+    slice_root, store, tmp_path
+):
+    proc = run_cli(
+        "--multirun",
+        *slice_overrides(slice_root, store, tmp_path),
+        "trainer.epochs=1",
+        "freeze=first4",
+        "freeze.embeddings=true",
+        "trainer.cache_frozen=true",
+        f"data.tokenized_cache_dir={tmp_path / 'tokenized'}",
+        "seed=1,2",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("ablate")
+    runs = {r.data.params["seed"]: r for r in client.search_runs([exp.experiment_id])}
+    assert {s: r.info.status for s, r in runs.items()} == {"1": "FINISHED", "2": "FINISHED"}
+    assert runs["1"].data.tags["data.cache"] == "miss"
+    assert runs["2"].data.tags["data.cache"] == "hit"
+    for run in runs.values():
+        assert run.data.tags["speed.cache_frozen"] == "embeddings + blocks 0-3"
+        m = run.data.metrics
+        assert m["cache_frozen_time_s"] > 0 and m["train_tokens_per_s"] > 0
+        assert m["dev_eval_time_s"] > 0 and 0 <= m["dev_accuracy"] <= 1
+        assert m["dev_words"] == runs["1"].data.metrics["dev_words"] > 0
