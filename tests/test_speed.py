@@ -160,7 +160,7 @@ def test_bucket_batching_yields_every_example_once_per_epoch(tmp_path, tokenizer
     small = speed.LengthBucketSampler([5] * 33 + [9] * 20, batch_size=16, mega=2)
     assert sorted(small) == list(range(53)) and len(small) == 53
     default = make_trainer(tmp_path, model, train, train[:1], tokenizer)
-    assert default.split and default.args.train_sampling_strategy == "random"  # the plain batches
+    assert default.pack and default.args.train_sampling_strategy == "random"  # the plain batches
     with pytest.raises(AblateError, match=r"trainer\.length_grouping='sorted' is not one of"):
         make_trainer(
             tmp_path, model, train, train[:1], tokenizer, True, "trainer.length_grouping=sorted"
@@ -170,11 +170,7 @@ def test_bucket_batching_yields_every_example_once_per_epoch(tmp_path, tokenizer
 def test_split_batches_hold_every_row_once_and_give_the_same_gradient(
     tmp_path, features, tokenizer
 ):
-    no_dropout = [
-        "+model.config_overrides.hidden_dropout_prob=0.0",
-        "+model.config_overrides.attention_probs_dropout_prob=0.0",
-    ]
-    applied, _ = build(*no_dropout)  # full fine-tuning: the word embeddings train too
+    applied, _ = build(*NO_DROPOUT)  # full fine-tuning: the word embeddings train too
     model = applied.model.train()
     train = features["train"]
     batch = speed.CountingCollator(DataCollatorForTokenClassification(tokenizer))(
@@ -190,7 +186,9 @@ def test_split_batches_hold_every_row_once_and_give_the_same_gradient(
     assert rows == sorted(tuple(f["input_ids"]) for f in (train[i] for i in range(0, 80, 5)))
     assert sum(p["input_ids"].numel() for p in parts) < batch["input_ids"].numel()
 
-    trainer = make_trainer(tmp_path, model, train, train[:1], tokenizer)
+    trainer = make_trainer(
+        tmp_path, model, train, train[:1], tokenizer, True, "trainer.length_grouping=split"
+    )
     assert trainer.sub_batch_cost > 1000  # a tiny model's sub-batch overhead: rarely worth it
     trainer.sub_batch_cost = 8  # force the split this test is about
     n_items = (batch["labels"] != labels.IGNORE).sum()
@@ -210,6 +208,84 @@ def test_split_batches_hold_every_row_once_and_give_the_same_gradient(
     torch.testing.assert_close(split_loss, loss, atol=1e-6, rtol=1e-5)
     for a, b in zip(split_grads, full_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+NO_DROPOUT = (
+    "+model.config_overrides.hidden_dropout_prob=0.0",
+    "+model.config_overrides.attention_probs_dropout_prob=0.0",
+)
+
+
+@pytest.mark.parametrize("arch", ["bert-sdpa", "bert-eager", "distilbert"])
+def test_packed_rows_hold_every_token_once_and_give_each_window_its_own_logits(
+    arch, features, tokenizer
+):
+    if arch == "distilbert":
+        model = tiny_distilbert().model
+    else:
+        model = build()[0].model
+        model.set_attn_implementation(arch.removeprefix("bert-"))
+    assert speed.packing_unsupported(model) is None
+    collate = speed.CountingCollator(DataCollatorForTokenClassification(tokenizer))
+    batch = collate([features["train"][i] for i in range(0, 80, 5)])
+    packed = speed.pack_rows(batch, model.config._attn_implementation)
+    source = packed.pop("_source")
+    rows, width = batch["input_ids"].shape
+    assert packed["input_ids"].shape[1] == width and packed["input_ids"].size(0) < rows / 2
+    real = source < rows * width
+    # every real token exactly once, padding nowhere else
+    assert (
+        sorted(source[real].tolist())
+        == batch["attention_mask"].flatten().nonzero().squeeze(1).tolist()
+    )
+    assert torch.equal(packed["labels"][real], batch["labels"].flatten()[source[real]])
+    assert (packed["labels"][~real] == labels.IGNORE).all()
+    with torch.no_grad():
+        alone = model.eval()(**batch)
+        together = model(**packed)
+    flat = alone.logits.reshape(rows * width, -1)
+    torch.testing.assert_close(together.logits[real], flat[source[real]], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(together.loss, alone.loss, atol=1e-6, rtol=1e-5)
+    assert speed.pack_rows({**batch, "attention_mask": batch["attention_mask"].flip(1)}) is None
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_packed_training_step_gives_the_padded_batch_gradient(
+    tmp_path, cached, features, tokenizer
+):
+    freezing = ["freeze=first4", "freeze.embeddings=true"] if cached else []  # else full FT
+    applied, _ = build(*freezing, *NO_DROPOUT)
+    train = features["train"]
+    model = applied.model
+    if cached:
+        model = prefix.PrefixCached(model, 4, prefix.compute(model, 4, train, 16))
+        train = [{**f, "prefix_index": i} for i, f in enumerate(train)]
+    trainer = make_trainer(tmp_path, model, train, train[:1], tokenizer)
+    assert trainer.pack and trainer.packing_unsupported is None
+    batch = trainer.data_collator([train[i] for i in range(0, 80, 5)])
+    n_items = (batch["labels"] != labels.IGNORE).sum()
+    results = []
+    for pack in (True, False):
+        trainer.pack = pack
+        trainer.stats.reset()
+        trainer.stats.active = True
+        model.train().zero_grad()
+        loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=n_items)
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        results.append((loss.detach(), grads, trainer.stats.real, trainer.stats.padded))
+    (loss, grads, real, padded), (plain_loss, plain_grads, plain_real, plain_padded) = results
+    torch.testing.assert_close(loss, plain_loss, atol=1e-6, rtol=1e-5)
+    for a, b in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    assert real == plain_real and padded < plain_padded / 2  # the rows it computed
+
+
+def test_models_pack_cannot_take_fall_back_to_split_batches(tmp_path, features, tokenizer):
+    bilstm = build("model.head=bilstm")[0].model
+    trainer = make_trainer(tmp_path, bilstm, features["train"], features["dev"], tokenizer)
+    assert trainer.length_grouping == "split" and not trainer.pack
+    assert "BiLSTMTokenClassifier is not a per-token linear head" in trainer.packing_unsupported
 
 
 def test_sorted_evaluation_returns_predictions_in_dataset_order(tmp_path, features, tokenizer):
@@ -263,11 +339,7 @@ def test_cached_prefix_logits_match_the_full_model_in_eval_mode(arch, features, 
 
 
 def test_cached_prefix_training_equals_uncached_training_without_dropout(features, tokenizer):
-    no_dropout = [
-        "+model.config_overrides.hidden_dropout_prob=0.0",
-        "+model.config_overrides.attention_probs_dropout_prob=0.0",
-    ]
-    applied, _ = build("freeze=first4", "freeze.embeddings=true", *no_dropout)
+    applied, _ = build("freeze=first4", "freeze.embeddings=true", *NO_DROPOUT)
     uncached = copy.deepcopy(applied.model)
     initial = applied.model.classifier.weight.detach().clone()
     train = features["train"]
@@ -375,7 +447,9 @@ def test_bench_table_ratios_charge_the_prefix_cache_to_the_epochs():
         fake_job("first4", "ablate", 1, 1, 0.8, cache_s=2.0),  # 1 s/epoch + 2 s once = 2 s/epoch
     ]
     summary = bench.summarise(jobs, epochs=2, peak=1e10)
-    text, comparisons = bench.table(summary, ["full", "first4"], epochs=2)
+    text, comparisons = bench.table(
+        summary, ["full", "first4"], epochs=2, recipes=("ablate", "bucket")
+    )
     assert comparisons["full.ablate.train_s_ratio"] == pytest.approx(0.4)
     assert comparisons["full.bucket.train_s_ratio"] == pytest.approx(0.3)
     assert comparisons["first4.ablate.train_s_ratio"] == pytest.approx(0.2)

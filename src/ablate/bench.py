@@ -300,7 +300,7 @@ def _verdict(config: str, key: str, kind: str, value: float | None) -> str:
 
 
 def table(
-    summary: dict, configs: list[str], epochs: int, recipes: Sequence[str] = ("ablate", "bucket")
+    summary: dict, configs: list[str], epochs: int, recipes: Sequence[str] = ("ablate", "bf16")
 ) -> tuple[str, dict[str, float]]:
     """The markdown table (plain, then each ablate recipe and its ratio to plain) and the flat
     comparisons it shows (``<config>.<recipe>.<row>_ratio`` or ``_diff_pt``)."""
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="full,first4", help=f"of {', '.join(CONFIGS)}")
     parser.add_argument(
         "--recipes",
-        default="ablate,bucket",
+        default="ablate,bf16",
         help="ablate recipes beside plain: ablate (its defaults), bucket (length_grouping=bucket), "
         "bf16 (trainer.bf16=true)",
     )

@@ -148,8 +148,8 @@ class TrainerConfig:
     batch_size: int = 16
     eval_batch_size: int = 64
     # Speed (ablate.speed, ablate.prefix); all but cache_frozen keep results within seed noise.
-    # split: random batches computed as sub-batches of similar length | bucket | off
-    length_grouping: str = "split"
+    # pack: random batches packed into fewer rows (same gradients) | split | bucket | off
+    length_grouping: str = "pack"
     fused_adamw: bool = True  # the same AdamW update in one fused kernel
     sorted_eval: bool = True  # dev/test in length order, inference mode; predictions keep order
     cache_frozen: bool = False  # frozen embeddings + blocks 0..k-1 computed once (no dropout there)

@@ -189,8 +189,8 @@ class PrefixCached(nn.Module):
     """The task model training on cached prefix outputs; a normal model without ``prefix_index``.
 
     ``forward(input_ids, attention_mask, labels, prefix_index)`` looks the windows' prefix output
-    up in the store and runs blocks k.. and the head on it; without ``prefix_index`` (dev, test)
-    it is the full model's forward.
+    up in the store and runs blocks k.. and the head on it (``prefix_hidden``: that output given,
+    as a packed batch gives it); without either (dev, test) it is the full model's forward.
     """
 
     main_input_name = "input_ids"
@@ -214,13 +214,17 @@ class PrefixCached(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()
 
-    def forward(self, input_ids=None, attention_mask=None, labels=None, prefix_index=None, **kw):
-        if prefix_index is None:
+    def forward(
+        self, input_ids=None, attention_mask=None, labels=None, prefix_index=None,
+        prefix_hidden=None, **kw,
+    ):  # fmt: skip
+        if prefix_index is not None:
+            prefix_hidden = self.store.batch(prefix_index, input_ids.size(1))
+        if prefix_hidden is None:
             return self.model(
                 input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kw
             )
-        hidden = self.store.batch(prefix_index, input_ids.size(1)).to(input_ids.device)
-        with _swapped(self.model, self.k, hidden):
+        with _swapped(self.model, self.k, prefix_hidden.to(input_ids.device)):
             return self.model(
                 input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kw
             )

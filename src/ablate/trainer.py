@@ -225,7 +225,10 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)
     if cfg.trainer.early_stopping_patience is not None:
         trainer.add_callback(EarlyStoppingCallback(cfg.trainer.early_stopping_patience))
-    run.tags({"ablate.checkpoint_dir": trainer.args.output_dir})
+    grouping = trainer.length_grouping
+    if trainer.packing_unsupported:
+        grouping += f" (pack: {trainer.packing_unsupported})"
+    run.tags({"ablate.checkpoint_dir": trainer.args.output_dir, "speed.length_grouping": grouping})
     train_out = trainer.train(resume_from_checkpoint=_resume_checkpoint(run))
     for folder, write in applied.artifacts.items():  # e.g. the LoRA adapter, not the whole model
         with tempfile.TemporaryDirectory() as tmp:
