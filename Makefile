@@ -16,7 +16,7 @@ endif
 export MLFLOW_DISABLE_TELEMETRY ?= true
 TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 
-.PHONY: help setup run test lint format sweep lr-search report ui server server-stop clean distclean
+.PHONY: help setup run test lint format sweep lr-search report bench ui server server-stop clean distclean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ sweep: $(STAMP) ## the earlier study's grid: 5 freeze options x naija,ewt (add A
 LR_FREEZE ?= none,lora,bitfit,llrd,gradual,embeddings
 lr-search: $(STAMP) ## a fair lr per freeze option: one Optuna study each, then the best-lr table (ARGS="hydra.sweeper.n_trials=8 ...")
 	$(PY) -m ablate.search freeze=$(LR_FREEZE) $(ARGS)
+
+bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio table in reports/bench/ and MLflow (ARGS="--epochs 1 ...")
+	$(PY) -m ablate.bench --uri "$(TRACKING_URI)" $(ARGS)
 
 report: $(STAMP) ## comparison report from the tracked runs: charts, summary.md, summary.csv in reports/ (ARGS="--sweep latest")
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
