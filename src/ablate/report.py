@@ -44,7 +44,8 @@ N_BOOT = 1000
 # (where files sit, how many threads or how large the eval batches were).
 _FREE_PARAMS = (
     "seed", "freeze", "tracking.", "data.root", "model.name_or_path",
-    "trainer.threads", "trainer.eval_batch_size",
+    "trainer.threads", "trainer.eval_batch_size", "data.tokenized_cache", "trainer.measure_flops",
+    "trainer.sorted_eval", "trainer.pin_memory", "trainer.fused_adamw",
 )  # fmt: skip
 _RUN_METRICS = {
     "trainable_params": "trainable_params",

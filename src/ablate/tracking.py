@@ -117,13 +117,17 @@ class PrepareStore(Callback):
 
 
 # Keys that say where a run goes or how it is scheduled, not what it computes.
-NOT_IDENTITY = ("tracking", "skip_finished", "trainer.resume", "data.root")
+NOT_IDENTITY = (
+    "tracking", "skip_finished", "trainer.resume", "data.root",
+    "data.tokenized_cache", "data.tokenized_cache_dir", "trainer.sorted_eval", "trainer.pin_memory",
+)  # fmt: skip
 
 
 def identity(cfg: DictConfig) -> str:
     """sha256 of the resolved config without where-and-how keys: equal runs have equal identity.
 
-    ``data.root`` is left out because data files are identified by their sha256 (pinned, tagged).
+    ``data.root`` is left out because data files are identified by their sha256 (pinned, tagged);
+    the caches and the evaluation order are left out because they give the same numbers (tested).
     """
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for dotted in NOT_IDENTITY:
