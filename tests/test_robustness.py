@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, run_cli, slice_overrides
+from conftest import NAIJA, ROOT, conllu_blocks, run_cli, slice_overrides, write_treebank
 from mlflow.tracking import MlflowClient
 
 from ablate import data, tracking
@@ -23,9 +23,16 @@ def runs_in(store: str, experiment: str = "ablate"):
 
 def test_killed_run_is_marked_killed_and_resumes_into_the_same_run(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Enough training sentences that epoch 2 lasts long past the poll; few dev/test ones.
+    blocks = {s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu") for s in ("train", "dev", "test")}
+    write_treebank(
+        tmp_path / "data" / "ud" / "UD_Naija-Kill",
+        "pcm_kill",
+        {"train": blocks["train"][:1500], "dev": blocks["dev"][:40], "test": blocks["test"][:40]},
+    )
     common = [
-        "data=naija", "data.max_train_sentences=2000", "model=tiny", "trainer.epochs=3",
-        f"tracking.uri={store}",
+        "data=ud", "data.treebank=UD_Naija-Kill", f"data.root={tmp_path / 'data'}", "model=tiny",
+        "trainer.epochs=3", f"tracking.uri={store}",
     ]  # fmt: skip
     out = tmp_path / "first"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
