@@ -3,10 +3,11 @@
 The plain recipe is the earlier study's: the stock HF Trainer, the tokenizer run for every job,
 random batches padded per batch (``DataCollatorForTokenClassification``), the default AdamW and
 eval batches of 8 — with the same model, data, lr, batch size, weight decay, epochs and frozen
-parameters as ablate. Every job is a fresh process (so peak RSS is per job) and the two recipes
-alternate (plain, ablate, ablate, plain, ...) so that drift in the machine's load hits both.
-Both recipes log to MLflow through the same callbacks; the summary (a markdown table of
-ablate / plain ratios) is printed, written to ``--out`` and logged as a run of ``--experiment``.
+parameters as ablate. Every job is a fresh process (so peak RSS is per job) and the recipes
+alternate (plain, ablate, bf16, then bf16, ablate, plain, ...) so that drift in the machine's
+load hits all of them. Every recipe logs to MLflow through the same callbacks; the summary (a
+markdown table of ablate / plain ratios) is printed, written to ``--out`` and logged as a run
+of ``--experiment``.
 """
 
 from __future__ import annotations

@@ -135,18 +135,28 @@ class LengthBucketSampler(Sampler[int]):
         return iter([i for b in order for i in full[b]] + [i for batch in short for i in batch])
 
 
+def _right_padded(inputs: Mapping) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(attention mask, row lengths) of a batch of 2+ right-padded rows; (None, None) otherwise."""
+    mask = inputs.get("attention_mask")
+    if mask is None or mask.dim() != 2 or mask.size(0) < 2:
+        return None, None
+    lengths = mask.sum(1)
+    if not torch.equal(
+        mask.bool(), torch.arange(mask.size(1), device=mask.device) < lengths[:, None]
+    ):
+        return None, None
+    return mask, lengths
+
+
 def split_by_length(inputs: Mapping, cost: int | None = None) -> list[dict] | None:
     """The rows of a right-padded batch as sub-batches of similar length, each cropped to its
     longest row; the partition minimises padded tokens + ``cost`` per sub-batch. None when
     splitting would not save anything (or the batch is not right-padded)."""
     cost = SUB_BATCH_COST if cost is None else cost
-    mask = inputs.get("attention_mask")
-    if mask is None or mask.dim() != 2 or mask.size(0) < 2:
+    mask, lengths = _right_padded(inputs)
+    if mask is None:
         return None
     rows, width = mask.shape
-    lengths = mask.sum(1)
-    if not torch.equal(mask.bool(), torch.arange(width, device=mask.device) < lengths[:, None]):
-        return None
     order = torch.argsort(lengths, stable=True)
     ls = lengths[order].tolist()
     # best[j]: cheapest split of the j shortest rows; an O(rows^2) dynamic programme
@@ -210,13 +220,10 @@ def pack_rows(inputs: Mapping, attention: str = "sdpa") -> dict | None:
     before the forward) holds each slot's flat index into the batch's (B x L) positions, B x L for
     padding. None when the batch is not right-padded or packing would not drop a row.
     """
-    mask = inputs.get("attention_mask")
-    if mask is None or mask.dim() != 2 or mask.size(0) < 2:
+    mask, lengths = _right_padded(inputs)
+    if mask is None:
         return None
     rows, width = mask.shape
-    lengths = mask.sum(1)
-    if not torch.equal(mask.bool(), torch.arange(width, device=mask.device) < lengths[:, None]):
-        return None
     ls = lengths.tolist()
     bins: list[list[int]] = []
     free: list[int] = []
