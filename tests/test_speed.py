@@ -216,12 +216,14 @@ NO_DROPOUT = (
 )
 
 
-@pytest.mark.parametrize("arch", ["bert-sdpa", "bert-eager", "distilbert"])
+@pytest.mark.parametrize("arch", ["bert-sdpa", "bert-eager", "distilbert", "bert-lora"])
 def test_packed_rows_hold_every_token_once_and_give_each_window_its_own_logits(
     arch, features, tokenizer
 ):
     if arch == "distilbert":
         model = tiny_distilbert().model
+    elif arch == "bert-lora":  # peft passes position_ids on to the wrapped model
+        model = build("freeze=lora")[0].model
     else:
         model = build()[0].model
         model.set_attn_implementation(arch.removeprefix("bert-"))
