@@ -194,7 +194,7 @@ def test_split_batches_hold_every_row_once_and_give_the_same_gradient(
     n_items = (batch["labels"] != labels.IGNORE).sum()
     grads, computed = [], 0
     for split in (True, False):
-        trainer.split = split
+        trainer.length_grouping = "split" if split else "off"
         trainer.stats.reset()
         trainer.stats.active = split
         model.zero_grad()
@@ -268,7 +268,7 @@ def test_packed_training_step_gives_the_padded_batch_gradient(
     n_items = (batch["labels"] != labels.IGNORE).sum()
     results = []
     for pack in (True, False):
-        trainer.pack = pack
+        trainer.length_grouping = "pack" if pack else "off"
         trainer.stats.reset()
         trainer.stats.active = True
         model.train().zero_grad()

@@ -37,7 +37,7 @@ CONFIGS: dict[str, tuple[str, list[str], list[str]]] = {
         ["trainer.cache_frozen=true"],
     ),
 }
-# recipe -> overrides: ablate with its defaults, and with the faster batching that changes batches
+# recipe -> ablate overrides: its defaults, bucket batching (other batches), opt-in bf16 autocast
 RECIPES: dict[str, list[str]] = {
     "plain": [],
     "ablate": [],

@@ -188,12 +188,10 @@ def split_by_length(inputs: Mapping, cost: int | None = None) -> list[dict] | No
 
 def _task_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model under ablate's and peft's wrappers."""
+    from ablate import model as model_lib
     from ablate.prefix import PrefixCached
 
-    if isinstance(model, PrefixCached):
-        model = model.model
-    get_base = getattr(model, "get_base_model", None)  # peft
-    return get_base() if callable(get_base) else model
+    return model_lib.unwrap(model.model if isinstance(model, PrefixCached) else model)
 
 
 def packing_unsupported(model: torch.nn.Module) -> str | None:
@@ -363,12 +361,18 @@ class AblateTrainer(Trainer):
                          self.packing_unsupported)  # fmt: skip
                 length_grouping = "split"
         self.length_grouping = length_grouping
-        self.pack = length_grouping == "pack"
-        self.split = length_grouping == "split"
         self.sub_batch_cost = sub_batch_cost(self.model) if self.split else SUB_BATCH_COST
         self.stats = getattr(self.data_collator, "stats", None)
         if (self.split or self.pack) and self.stats is not None:
             self.stats.by_trainer = True  # count the rows computed, not the collated batch
+
+    @property
+    def pack(self) -> bool:
+        return self.length_grouping == "pack"
+
+    @property
+    def split(self) -> bool:
+        return self.length_grouping == "split"
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.pack and model.training and not return_outputs:
