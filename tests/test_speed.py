@@ -305,6 +305,23 @@ def test_sorted_evaluation_returns_predictions_in_dataset_order(tmp_path, featur
     assert sorted_out.metrics["test_words"] == labels.count_scored(dev)
 
 
+def test_final_dev_predictions_reuse_the_last_epoch_evaluation(tmp_path, features, tokenizer):
+    applied, _ = build()
+    train, dev = features["train"][:32], features["dev"]
+    trainer = make_trainer(tmp_path, applied.model, train, dev, tokenizer, True, "trainer.epochs=1")
+    trainer.train()
+    step, kept = trainer.last_evaluation
+    assert step == trainer.state.global_step > 0  # the epoch's dev evaluation, after training
+    predictions, label_ids = trainer.predictions(dev)
+    assert predictions is kept.predictions  # no second pass over dev
+    fresh = trainer.predict(dev)  # what a second pass computes: the same
+    assert np.array_equal(predictions, fresh.predictions)
+    assert np.array_equal(label_ids, fresh.label_ids)
+    test = features["dev"][:5]  # another dataset is predicted anew
+    assert trainer.predictions(test)[0] is not kept.predictions
+    assert len(trainer.predictions(test)[1]) == 5
+
+
 # --- frozen-prefix caching ----------------------------------------------------------------------
 
 

@@ -353,6 +353,8 @@ class AblateTrainer(Trainer):
     def __init__(self, *args, sorted_eval: bool = True, length_grouping: str = "pack", **kwargs):
         super().__init__(*args, **kwargs)
         self.sorted_eval = sorted_eval
+        self._keep_evaluation = False
+        self.last_evaluation: tuple[int, EvalLoopOutput] | None = None  # (global step, output)
         self.packing_unsupported = None
         if length_grouping == "pack":
             self.packing_unsupported = packing_unsupported(self.model)
@@ -437,7 +439,36 @@ class AblateTrainer(Trainer):
         with torch.inference_mode():
             return super().prediction_step(*args, **kwargs)
 
+    def evaluate(self, eval_dataset=None, *args, **kwargs):
+        # Only the training loop's dev evaluation (no dataset given) is kept for predictions().
+        self._keep_evaluation = eval_dataset is None
+        try:
+            return super().evaluate(eval_dataset, *args, **kwargs)
+        finally:
+            self._keep_evaluation = False
+
+    def predictions(self, dataset) -> tuple[Any, Any]:
+        """(predictions, label_ids) of ``dataset`` by the current model: the training loop's last
+        dev evaluation when ``dataset`` is the dev set and the weights have not changed since
+        (no step taken, no best checkpoint loaded), else a new ``predict``."""
+        kept = self.last_evaluation
+        if (
+            kept is not None
+            and dataset is self.eval_dataset
+            and kept[0] == self.state.global_step
+            and not self.args.load_best_model_at_end
+        ):
+            return kept[1].predictions, kept[1].label_ids
+        out = self.predict(dataset)
+        return out.predictions, out.label_ids
+
     def evaluation_loop(self, dataloader, description, *args, **kwargs) -> EvalLoopOutput:
+        out = self._evaluation_loop(dataloader, description, *args, **kwargs)
+        if self._keep_evaluation:
+            self.last_evaluation = (self.state.global_step, out)
+        return out
+
+    def _evaluation_loop(self, dataloader, description, *args, **kwargs) -> EvalLoopOutput:
         dataset = getattr(dataloader, "dataset", None)
         name = getattr(self.model, "main_input_name", "input_ids")
         if (

@@ -116,8 +116,8 @@ def _check_scored(name: str, features: list, sentences: list, task: tasks.Task) 
 
 
 def _evaluate(trainer, task: tasks.Task, features: list) -> metrics.Evaluation:
-    out = trainer.predict(features)
-    return task.evaluate(np.asarray(out.predictions), np.asarray(out.label_ids), task.labels)
+    predictions, label_ids = trainer.predictions(features)  # dev: the last epoch's, if current
+    return task.evaluate(np.asarray(predictions), np.asarray(label_ids), task.labels)
 
 
 def torch_threads(cfg: DictConfig) -> int:
