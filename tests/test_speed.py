@@ -17,7 +17,7 @@ from transformers import (
     DistilBertConfig,
 )
 
-from ablate import bench, cache, freeze, labels, metrics, prefix, speed, tasks
+from ablate import bench, cache, embedding_rows, freeze, labels, metrics, prefix, speed, tasks
 from ablate import model as model_lib
 from ablate.errors import AblateError
 from ablate.trainer import training_arguments
@@ -409,6 +409,66 @@ def test_cache_frozen_off_or_invalid_leaves_the_model_alone(features, tokenizer)
         model, train = prefix.wrap(cfg, applied, features["train"], tokenizer, run)
         assert model is applied.model and train is features["train"]
         assert run.tag_log["speed.cache_frozen"].startswith(tag)
+
+
+# --- embedding rows -----------------------------------------------------------------------------
+
+
+def test_training_only_the_used_embedding_rows_updates_like_the_full_table(
+    tmp_path, features, tokenizer
+):
+    applied, _ = build()
+    dense = applied.model
+    sparse = copy.deepcopy(dense)
+    train, dev = features["train"][:48], features["dev"]
+    rows = embedding_rows.apply(sparse, train)
+    used = set(embedding_rows.used_ids(train).tolist())
+    unseen = [i for f in dev for i in f["input_ids"] if i not in used]
+    assert unseen and rows.trained.shape[0] == len(used) < rows.num_embeddings / 5
+    initial = dense.get_input_embeddings().weight.detach().clone()
+    # lr and weight decay large enough that a missing decay of the unseen rows would show
+    steep = ("trainer.epochs=1", "trainer.lr=0.01", "trainer.weight_decay=0.1")
+    for name, model in (("dense", dense), ("rows", sparse)):
+        trainer = make_trainer(tmp_path / name, model, train, dev, tokenizer, True, *steep)
+        if model is sparse:
+            trainer.add_callback(embedding_rows.DecayUntrainedRows(rows))
+        trainer.train()
+    table = dense.get_input_embeddings().weight.detach()
+    assert not torch.allclose(table[unseen], initial[unseen])  # decayed, not trained
+    torch.testing.assert_close(rows.merged(), table, atol=1e-6, rtol=1e-5)
+    others = [(n, p) for n, p in sparse.named_parameters() if "word_embeddings" not in n]
+    for name, param in others:
+        torch.testing.assert_close(param, dense.get_parameter(name), atol=1e-6, rtol=1e-4)
+    batch = DataCollatorForTokenClassification(tokenizer)(dev[:16])
+    batch.pop("labels")
+    with torch.no_grad():
+        logits = [m.eval()(**batch).logits for m in (sparse, dense)]
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "tag"),
+    [
+        (["freeze=none"], "rows train"),
+        (["freeze=last2"], "rows train"),
+        (["freeze=none", "trainer.embedding_rows=false"], "off"),
+        (
+            ["freeze=first4", "freeze.embeddings=true"],
+            "not applied: the word embeddings are frozen",
+        ),
+        (["freeze=llrd"], "not applied: the strategy sets its own optimiser groups"),
+        (["freeze=gradual"], "not applied: the strategy sets its own optimiser groups"),
+        (["freeze=lora"], "not applied: the word embeddings are frozen"),
+    ],
+)
+def test_embedding_rows_apply_only_where_the_update_stays_the_same(overrides, tag, features):
+    applied, cfg = build(*overrides)
+    before = model_lib.unwrap(applied.model).get_input_embeddings()
+    run = FakeRun()
+    callbacks = embedding_rows.wrap(cfg, applied, applied.model, features["train"], run)
+    after = model_lib.unwrap(applied.model).get_input_embeddings()
+    assert tag in run.tag_log["speed.embedding_rows"]
+    assert (after is not before) == bool(callbacks) == (tag == "rows train")
 
 
 # --- precision and optimiser settings -----------------------------------------------------------

@@ -186,6 +186,15 @@ def unwrap(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
+def owner(root: nn.Module, target: nn.Module) -> tuple[nn.Module, str]:
+    """The module of ``root`` that holds ``target`` as a child, and the child's name."""
+    for module in root.modules():
+        for name, child in module.named_children():
+            if child is target:
+                return module, name
+    raise AblateError(f"cannot find where {type(target).__name__} sits in {type(root).__name__}")
+
+
 def encoder(model: nn.Module) -> nn.Module:
     """The transformer under the task head (``base_model`` of a Hugging Face task model)."""
     inner = unwrap(model)

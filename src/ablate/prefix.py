@@ -60,14 +60,6 @@ class PrefixStore:
         return self.hidden[rows]
 
 
-def _owner(root: nn.Module, target: nn.Module) -> tuple[nn.Module, str]:
-    for module in root.modules():
-        for name, child in module.named_children():
-            if child is target:
-                return module, name
-    raise AblateError(f"cannot find where {type(target).__name__} sits in {type(root).__name__}")
-
-
 def _parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
     base = model_lib.encoder(model)
     embeddings = getattr(base, "embeddings", None)
@@ -93,8 +85,8 @@ class _Feed(nn.Module):
 def _swapped(model: nn.Module, k: int, hidden: torch.Tensor | None) -> Iterator[None]:
     """Blocks 0..k-1 only (``hidden`` None: the prefix), or the cache fed into blocks k.. ."""
     base, blocks, embeddings = _parts(model)
-    block_owner, block_name = _owner(base, blocks)
-    emb_owner, emb_name = _owner(base, embeddings)
+    block_owner, block_name = model_lib.owner(base, blocks)
+    emb_owner, emb_name = model_lib.owner(base, embeddings)
     setattr(block_owner, block_name, blocks[:k] if hidden is None else blocks[k:])
     if hidden is not None:
         setattr(emb_owner, emb_name, _Feed(hidden))

@@ -45,7 +45,7 @@ N_BOOT = 1000
 _FREE_PARAMS = (
     "seed", "freeze", "tracking.", "data.root", "model.name_or_path",
     "trainer.threads", "trainer.eval_batch_size", "data.tokenized_cache", "trainer.measure_flops",
-    "trainer.sorted_eval", "trainer.pin_memory", "trainer.fused_adamw",
+    "trainer.sorted_eval", "trainer.pin_memory", "trainer.fused_adamw", "trainer.embedding_rows",
 )  # fmt: skip
 _RUN_METRICS = {
     "trainable_params": "trainable_params",

@@ -12,6 +12,8 @@
 - ``trainer.fused_adamw``: the same AdamW update in one fused kernel (CPU and GPU). On CPU the
   default per-parameter loop re-reads every weight several times: on MiniLM it took most of a
   full fine-tuning step.
+- ``trainer.embedding_rows``: only the word-embedding rows the training data uses train, with the
+  full table's update (``ablate.embedding_rows``).
 - ``trainer.sorted_eval``: dev/test batches sorted by length; predictions are returned in the
   dataset's order. Every prediction step runs under ``torch.inference_mode()``.
 - ``trainer.bf16`` (null = on for a GPU that has it, off on CPU; ``true`` on a CPU with AVX-512

@@ -15,7 +15,18 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, TrainingArguments, set_seed
 
-from ablate import cache, data, freeze, labels, metrics, prefix, speed, tasks, tracking
+from ablate import (
+    cache,
+    data,
+    embedding_rows,
+    freeze,
+    labels,
+    metrics,
+    prefix,
+    speed,
+    tasks,
+    tracking,
+)
 from ablate import model as model_lib
 from ablate.errors import AblateError
 
@@ -202,6 +213,8 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
 
     # trainer.cache_frozen: train blocks k.. on the cached output of a frozen prefix (ablate.prefix)
     model, train_set = prefix.wrap(cfg, applied, features["train"], tokenizer, run)
+    # trainer.embedding_rows: only the word-embedding rows the training data uses train
+    rows_callbacks = embedding_rows.wrap(cfg, applied, model, features["train"], run)
     epochs = tracking.EpochLogger(run, task.primary_metric, task.epoch_metrics)
     collator = speed.CountingCollator(task.collator(tokenizer))
     trainer = speed.AblateTrainer(
@@ -219,6 +232,7 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
             epochs,
             speed.SpeedMeter(run, collator, cfg.trainer.measure_flops),
             *(make(run) for make in applied.callbacks),
+            *rows_callbacks,
         ],
     )
     if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
