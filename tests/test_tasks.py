@@ -348,6 +348,9 @@ def test_sst2_run_with_minilm_through_the_cli(task_root, store, tmp_path):
     logged = json.loads(artifact(store, run, "predictions/dev.json", tmp_path))
     assert len(logged["gold"]) == 80  # one id per sentence
     assert np.mean(np.equal(logged["gold"], logged["pred"])) == pytest.approx(m["dev_accuracy"])
+    row = report.build(report.load_runs("ablate", store), baseline="all").summary.iloc[0]
+    assert row.dev_ci_method == "bootstrap over dev sentences"  # a sentence task's items
+    assert row.dev_ci_low_pct <= row.dev_mean_pct <= row.dev_ci_high_pct
 
 
 # layer freezing: the MiniLM runs above (freeze=all)

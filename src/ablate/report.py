@@ -65,15 +65,25 @@ def strategy_order(names: Iterable[str]) -> list[str]:
     return [s for s in STRATEGY_ORDER if s in names] + sorted(names - set(STRATEGY_ORDER))
 
 
-@functools.lru_cache
-def primary_metric(task: str | None) -> str:
-    """The headline metric of a ``data.task`` (``ablate.tasks``); ``accuracy`` if unknown."""
+def _task_attr(task: str | None, attr: str, default: str) -> str:
     try:
         from ablate.tasks import TASKS  # imports transformers: only when a report needs it
     except ImportError:
-        return "accuracy"
+        return default
     known = TASKS.get(task or "")
-    return known.primary_metric if known else "accuracy"
+    return getattr(known, attr) if known else default
+
+
+@functools.lru_cache
+def primary_metric(task: str | None) -> str:
+    """The headline metric of a ``data.task`` (``ablate.tasks``); ``accuracy`` if unknown."""
+    return _task_attr(task, "primary_metric", "accuracy")
+
+
+@functools.lru_cache
+def item_name(task: str | None) -> str:
+    """What a ``data.task`` scores one by one (``words``, ``sentences``); ``items`` if unknown."""
+    return _task_attr(task, "item_name", "items")
 
 
 @dataclass
@@ -378,6 +388,7 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
     # A mean of per-item correctness is an accuracy: the bootstrap over dev items (words or
     # sentences) estimates only that, not an F1.
     per_item = cell.metric.iloc[0] == "accuracy"
+    items = f"dev {item_name(cell.task.iloc[0])}"
     why = (
         "no dev predictions logged"
         if per_item
@@ -405,7 +416,7 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
         row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method=f"t over {n} seeds")
     elif per_item and (correct := preds.correct(list(cell.run_id))) is not None:
         lo, hi = bootstrap_interval(np.mean(correct, axis=0) * 100, **boot)
-        row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method="bootstrap over dev words")
+        row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method=f"bootstrap over {items}")
     else:
         row["dev_ci_method"] = f"none ({n} seed{'s' if n > 1 else ''}, {why})"
 
@@ -434,7 +445,7 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
                 lo, hi = bootstrap_interval(words * 100, **boot)
                 delta.update(delta_ci_low_pt=lo, delta_ci_high_pt=hi)
                 s = "s" if k > 1 else ""
-                delta["delta_method"] = f"paired bootstrap over dev words ({k} seed{s})"
+                delta["delta_method"] = f"paired bootstrap over {items} ({k} seed{s})"
             else:
                 s = "s" if len(paired) > 1 else ""
                 delta["delta_method"] = f"none ({len(paired)} paired seed{s}, {why})"
@@ -468,7 +479,8 @@ def build(
     Only FINISHED runs with the primary metric count; the latest run per strategy x seed is used;
     everything else is listed in ``excluded`` with the reason. Δ vs ``baseline`` pairs runs by
     seed: a t-interval of the per-seed differences with >= 3 seeds, else a bootstrap over dev
-    words (``n_boot`` resamples, RNG seed ``boot_seed``) when dev predictions were logged.
+    items (words or sentences; ``n_boot`` resamples, RNG seed ``boot_seed``) when dev
+    predictions were logged.
     """
     used, excluded = _select(runs)
     if used.empty:
@@ -495,7 +507,8 @@ def build(
         if counts.max() == 1:
             notes.append(
                 f"{panel}: one seed per strategy, so no spread over seeds (no ± std, no seed-level "
-                "intervals); intervals, where shown, are bootstraps over dev words."
+                f"intervals); intervals, where shown, are bootstraps over dev "
+                f"{item_name(group.task.iloc[0])}."
             )
     summary = pd.DataFrame(rows).reindex(columns=_SUMMARY_COLUMNS)
     history = runs.history[runs.history.run_id.isin(used.run_id)].copy()
@@ -616,7 +629,8 @@ def markdown(report: Report, charts: bool = True) -> str:
         "after each epoch; the Trainer's runtime, which includes it, is `trainer_runtime_s` in "
         f"summary.csv. Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
         "per-seed differences with 3 or more seeds, otherwise a percentile bootstrap over dev "
-        f"words ({N_BOOT} resamples, fixed RNG seed) when the runs logged their dev predictions; "
+        f"items (words or sentences; {N_BOOT} resamples, fixed RNG seed) when the runs logged "
+        "their dev predictions; "
         "that bootstrap covers the choice of dev sentences, not seed-to-seed variation (the ± std "
         "shows that): run 3 or more seeds for an interval over seeds.",
         "",
