@@ -446,6 +446,29 @@ def test_training_only_the_used_embedding_rows_updates_like_the_full_table(
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-4)
 
 
+def test_embedding_rows_leave_the_padding_row_untrained_like_nn_embedding():
+    torch.manual_seed(0)
+    dense = torch.nn.Embedding(50, 8, padding_idx=0)
+    with torch.no_grad():
+        dense.weight[0] = torch.randn(8)  # so that a wrong update of the padding row would show
+    rows = embedding_rows.RowsEmbedding(copy.deepcopy(dense), torch.tensor([0, 3, 5, 7, 3]))
+    assert rows.rows.tolist() == [3, 5, 7]
+    optimisers = [
+        torch.optim.AdamW(params, lr=0.1, weight_decay=0.5)
+        for params in (dense.parameters(), [rows.trained])
+    ]
+    embedding_rows.DecayUntrainedRows(rows).on_train_begin(None, None, None, optimisers[1])
+    ids, target = torch.tensor([[3, 0, 5], [7, 7, 0]]), torch.randn(2, 3, 8)
+    for _ in range(5):
+        for module, opt in zip((dense, rows), optimisers, strict=True):
+            opt.zero_grad()
+            ((module(ids) - target) ** 2).sum().backward()
+            opt.step()
+    torch.testing.assert_close(rows.merged(), dense.weight.detach())
+    every = torch.arange(50)
+    torch.testing.assert_close(rows(every), dense(every).detach())
+
+
 @pytest.mark.parametrize(
     ("overrides", "tag"),
     [

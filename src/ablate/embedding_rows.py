@@ -35,6 +35,8 @@ class RowsEmbedding(nn.Embedding):
         super().__init__(num, dim, padding_idx=embedding.padding_idx, _weight=embedding.weight.data)
         self.weight.requires_grad_(False)
         rows = torch.unique(rows.to(torch.long))
+        if embedding.padding_idx is not None:  # its gradient is always zero in nn.Embedding
+            rows = rows[rows != embedding.padding_idx]
         self.trained = nn.Parameter(embedding.weight.data[rows].clone())
         slot = torch.full((num,), -1, dtype=torch.long)
         slot[rows] = torch.arange(rows.numel())
@@ -91,6 +93,8 @@ def skip_reason(model: nn.Module, applied) -> str | None:
         return f"input embeddings are a {type(embedding).__name__}, not an nn.Embedding"
     if not embedding.weight.requires_grad:
         return "the word embeddings are frozen"
+    if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
+        return "the word embeddings use max_norm, scale_grad_by_freq or sparse gradients"
     return None
 
 
