@@ -4,6 +4,7 @@ caching, precision settings, the bench's table, and a real sweep with the caches
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -563,6 +564,32 @@ def test_bench_table_ratios_charge_the_prefix_cache_to_the_epochs():
     assert "<= 0.33: ablate: missed, bucket: missed" in text
     assert "within 0.2 pt: ablate: met, bucket: missed" in text
     assert text.count("\n") == 2 + 2 * len(bench.ROWS)
+
+
+def test_bench_runs_its_jobs_and_logs_the_table_it_computed(tmp_path, store, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # main() sets it for its jobs; restored after
+    out = tmp_path / "bench"
+    sizes = ["--train-sentences", "24", "--dev-sentences", "8", "--test-sentences", "4"]
+    rc = bench.main(
+        ["--model", "tiny", *sizes, "--epochs", "1", "--repeats", "1", "--configs", "full"]
+        + ["--recipes", "ablate", "--uri", store, "--out", str(out)]
+    )
+    assert rc == 0
+    text = (out / "bench.md").read_text()
+    assert "after one untimed warm-up job" in text
+    assert "| full FT (freeze=none) | train time per epoch (s) |" in text
+    logged = json.loads((out / "bench.json").read_text())
+    jobs = {job["recipe"]: job["result"] for job in logged["jobs"]}
+    assert list(jobs) == ["plain", "ablate"]
+    ratio = jobs["ablate"]["epoch_time_s"][0] / jobs["plain"]["epoch_time_s"][0]
+    assert logged["ratios"]["full.ablate.train_s_ratio"] == pytest.approx(ratio)
+    assert f"| {ratio:.2f} |" in text
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("ablate-bench").experiment_id])
+    roles = sorted(r.data.tags.get("bench.recipe") or r.data.tags["bench.role"] for r in runs)
+    assert roles == ["ablate", "plain", "summary"]  # the warm-up job went to a throwaway store
+    (summary,) = [r for r in runs if r.data.tags.get("bench.role") == "summary"]
+    assert summary.data.metrics["full.ablate.train_s_ratio"] == pytest.approx(ratio)
 
 
 # --- a real sweep -------------------------------------------------------------------------------
