@@ -402,12 +402,6 @@ def main(argv: list[str] | None = None) -> int:
         "other processes on the machine cost both recipes only their CPU share; 'inherit': leave "
         "the environment as it is)",
     )
-    parser.add_argument(
-        "--no-warmup",
-        dest="warmup",
-        action="store_false",
-        help="skip the untimed warm-up job (a short plain job, to a throwaway store) run first",
-    )
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job:
@@ -455,23 +449,6 @@ def main(argv: list[str] | None = None) -> int:
         f"tracking.uri={uri}",
         f"tracking.experiment={args.experiment}",
     ]
-    if args.warmup:
-        # In two runs here the very first job's first epoch took 13-22 % longer than the same
-        # recipe's later first epochs, a cost charged to whichever recipe went first; so one
-        # untimed job goes before them all.
-        warm = [o for o in common if not o.startswith(("tracking.", "trainer.epochs="))]
-        spec = {
-            "recipe": "plain",
-            "config": configs[0],
-            "bench_id": bench_id,
-            "result": str(work / "warmup.json"),
-            "overrides": warm
-            + [f"tracking.uri=sqlite:///{work / 'warmup.db'}", "trainer.epochs=1"]
-            + ["data.max_train_sentences=64", f"seed={args.seed}", *CONFIGS[configs[0]][1]],
-        }
-        t0 = time.perf_counter()
-        run_job(spec, work / "warmup.log")
-        log.info("warm-up job (untimed, not in the store): %.0f s", time.perf_counter() - t0)
     jobs = []
     for config_name in configs:
         _, both, ablate_only = CONFIGS[config_name]
@@ -507,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ablate vs the plain recipe: {args.model} on {args.data} ({args.train_sentences} train / "
         f"{args.dev_sentences} dev sentences), {args.epochs} epoch(s), "
         f"{args.repeats} round(s) of plain, {', '.join(recipes)} per config (seed {args.seed}+), "
-        f"mean shown{', after one untimed warm-up job' if args.warmup else ''}. "
+        f"mean shown. "
         f"{_machine(peak, threads)}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
         f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n"
         f"Command: `{command.strip()}`\n\n"
