@@ -3,6 +3,7 @@ caching, precision settings, the bench's table, and a real sweep with the caches
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 
@@ -304,6 +305,31 @@ def test_sorted_evaluation_returns_predictions_in_dataset_order(tmp_path, featur
     assert np.array_equal(sorted_out.predictions[mask], plain_out.predictions[mask])
     assert sorted_out.metrics["test_accuracy"] == plain_out.metrics["test_accuracy"]
     assert sorted_out.metrics["test_words"] == labels.count_scored(dev)
+
+
+@pytest.mark.skipif(not speed._cpu_bf16(), reason="this CPU has no bf16 (AVX-512 BF16 / AMX)")
+def test_bf16_evaluation_casts_each_weight_once_with_the_same_predictions(
+    tmp_path, features, tokenizer
+):
+    applied, _ = build()
+    dev = features["dev"]
+    trainer = make_trainer(
+        tmp_path, applied.model, None, dev, tokenizer, True, "trainer.bf16=true",
+        "trainer.eval_batch_size=8",
+    )  # fmt: skip
+    outs, casts = [], []
+    for once in (True, False):
+        if not once:  # each batch's forward casts the weights again, as before
+            trainer._weights_cast_once = contextlib.nullcontext
+        with torch.profiler.profile() as prof:
+            outs.append(trainer.predict(dev))
+        casts.append(sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy"))
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in applied.model.modules())
+    batches = -(-len(dev) // 8)
+    # two tensors (weight, bias) per linear layer: cast once instead of once per batch
+    assert casts[1] - casts[0] == 2 * n_linear * (batches - 1)
+    assert np.array_equal(outs[0].predictions, outs[1].predictions)
+    assert outs[0].metrics["test_accuracy"] == outs[1].metrics["test_accuracy"]
 
 
 def test_final_dev_predictions_reuse_the_last_epoch_evaluation(tmp_path, features, tokenizer):
