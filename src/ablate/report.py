@@ -441,8 +441,8 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: _Predictions, boo
             correct = preds.correct(ids) if per_item else None
             if correct is not None:
                 k = len(paired)
-                words = np.mean(correct[:k], axis=0) - np.mean(correct[k:], axis=0)
-                lo, hi = bootstrap_interval(words * 100, **boot)
+                per_item_diff = np.mean(correct[:k], axis=0) - np.mean(correct[k:], axis=0)
+                lo, hi = bootstrap_interval(per_item_diff * 100, **boot)
                 delta.update(delta_ci_low_pt=lo, delta_ci_high_pt=hi)
                 s = "s" if k > 1 else ""
                 delta["delta_method"] = f"paired bootstrap over {items} ({k} seed{s})"
