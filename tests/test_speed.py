@@ -235,7 +235,7 @@ def test_packed_rows_hold_every_token_once_and_give_each_window_its_own_logits(
     packed = speed.pack_rows(batch, model.config._attn_implementation)
     source = packed.pop("_source")
     rows, width = batch["input_ids"].shape
-    assert packed["input_ids"].shape[1] == width and packed["input_ids"].size(0) < rows / 2
+    assert packed["input_ids"].shape[1] >= width and packed["input_ids"].size(0) < rows / 2
     real = source < rows * width
     # every real token exactly once, padding nowhere else
     assert (
@@ -283,6 +283,19 @@ def test_packed_training_step_gives_the_padded_batch_gradient(
     for a, b in zip(grads, plain_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     assert real == plain_real and padded < plain_padded / 2  # the rows it computed
+
+
+def test_pack_layout_takes_fewer_wider_rows_when_they_cost_less():
+    # rows of the longest window (50) hold one window each: 6 rows, 100 padding slots
+    lengths = [50, 30, 30, 30, 30, 30]
+    assert len(speed._first_fit_decreasing(lengths, 50)) == 6
+    bins, width = speed.pack_layout(lengths)
+    assert (len(bins), width) == (4, 60)  # 50 | 30+30 | 30+30 | 30: 40 padding slots, not 100
+    cost = [r * w * (1 + w / speed.PACK_ATTENTION_WIDTH) for r, w in ((len(bins), width), (6, 50))]
+    assert cost[0] < cost[1]
+    assert sorted(i for b in bins for i in b) == list(range(6))
+    # windows that already fill rows of the longest width keep that width
+    assert speed.pack_layout([40, 20, 20, 10, 30]) == ([[0], [4, 3], [1, 2]], 40)
 
 
 def test_models_pack_cannot_take_fall_back_to_split_batches(tmp_path, features, tokenizer):

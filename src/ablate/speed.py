@@ -1,11 +1,11 @@
 """The speed switches of ``conf/trainer``, the Trainer that applies them, and their meters.
 
 - ``trainer.length_grouping``: ``pack`` (default) keeps the plain recipe's random batches but
-  packs each batch's windows side by side into as few rows as its longest window
-  (``pack_rows``): block-diagonal attention and positions restarting per window give every
-  token the logits it has alone, so the loss and gradient are the batch's, with ~10 % padding
-  instead of ~60 %. Models it cannot pack (sentence heads, the BiLSTM head, relative positions)
-  fall back to ``split``: each batch computed as sub-batches of similar length
+  packs each batch's windows side by side into fewer rows (``pack_rows``, ``pack_layout``):
+  block-diagonal attention and positions restarting per window give every token the logits it
+  has alone, so the loss and gradient are the batch's, with ~3 % padding instead of ~60 %.
+  Models it cannot pack (sentence heads, the BiLSTM head, relative positions) fall back to
+  ``split``: each batch computed as sub-batches of similar length
   (``split_by_length``), the same gradient at a per-sub-batch overhead. ``bucket`` forms the
   batches themselves from windows of similar length (``LengthBucketSampler``): other batches,
   which cost accuracy early in training (README "Speed"). ``off``: padded random batches.
@@ -58,6 +58,10 @@ PACKABLE_MODEL_TYPES = ("bert", "distilbert")
 # number of blocks run, so for other encoders it scales with 1 / parameters per block.
 SUB_BATCH_COST = 64
 SUB_BATCH_REFERENCE_PARAMS = 1.77e6
+# A packed row of width W computes W tokens plus attention over W^2 pairs (scores, mask, softmax,
+# dropout). In a MiniLM training step on CPU here the attention per slot matched a token's work
+# at W ~ 250: ``pack_layout`` weighs each row's slots by 1 + W / this.
+PACK_ATTENTION_WIDTH = 250
 
 
 def training_kwargs(
@@ -213,11 +217,53 @@ def packing_unsupported(model: torch.nn.Module) -> str | None:
     return None
 
 
+def _first_fit_decreasing(lengths: list[int], width: int) -> list[list[int]]:
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for b, room in enumerate(free):
+            if room >= lengths[i]:
+                bins[b].append(i)
+                free[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            free.append(width - lengths[i])
+    return bins
+
+
+def pack_layout(lengths: list[int]) -> tuple[list[list[int]], int]:
+    """(rows of window indices, row width) for windows of ``lengths``: first-fit decreasing into
+    the cheapest width, a row of width W costing W x (1 + W / PACK_ATTENTION_WIDTH).
+
+    Rows of the longest window's width leave its remainder as padding in the last row; a few
+    slightly wider rows can hold the same windows with less padding and less attention.
+    """
+    total, longest = sum(lengths), max(lengths)
+
+    def cost(rows: int, width: int) -> float:
+        return rows * width * (1 + width / PACK_ATTENTION_WIDTH)
+
+    bins = _first_fit_decreasing(lengths, longest)
+    best = (cost(len(bins), longest), bins, longest)
+    for rows in range(len(bins) - 1, 0, -1):  # fewer, wider rows
+        width = max(longest, -(-total // rows))
+        if cost(rows, width) >= best[0]:  # and fewer rows only get wider
+            break
+        bins = _first_fit_decreasing(lengths, width)
+        while len(bins) > rows and cost(rows, width + 1) < best[0]:
+            width += 1
+            bins = _first_fit_decreasing(lengths, width)
+        if len(bins) <= rows:
+            best = (cost(len(bins), width), bins, width)
+    return best[1], best[2]
+
+
 def pack_rows(inputs: Mapping, attention: str = "sdpa") -> dict | None:
-    """A right-padded (B, L) batch packed into R <= B rows of width L (first-fit decreasing).
+    """A right-padded (B, L) batch packed into R < B rows of width W >= L (``pack_layout``).
 
     Per-token tensors are gathered into the rows (labels padded with -100), ``position_ids``
-    restart at 0 for every window, and ``attention_mask`` becomes a (R, 1, L, L) block-diagonal
+    restart at 0 for every window, and ``attention_mask`` becomes a (R, 1, W, W) block-diagonal
     mask (bool for sdpa, additive for eager) so no token sees another window; ``_source`` (to pop
     before the forward) holds each slot's flat index into the batch's (B x L) positions, B x L for
     padding. None when the batch is not right-padded or packing would not drop a row.
@@ -227,23 +273,14 @@ def pack_rows(inputs: Mapping, attention: str = "sdpa") -> dict | None:
         return None
     rows, width = mask.shape
     ls = lengths.tolist()
-    bins: list[list[int]] = []
-    free: list[int] = []
-    for i in sorted(range(rows), key=lambda i: -ls[i]):
-        for b, room in enumerate(free):
-            if room >= ls[i]:
-                bins[b].append(i)
-                free[b] -= ls[i]
-                break
-        else:
-            bins.append([i])
-            free.append(width - ls[i])
+    bins, packed_width = pack_layout(ls)
     if len(bins) == rows:
         return None
     pad_slot = rows * width  # one extra slot holding each key's padding value
-    source = torch.full((len(bins), width), pad_slot, dtype=torch.long)
-    position = torch.zeros((len(bins), width), dtype=torch.long)
-    window = torch.full((len(bins), width), -1, dtype=torch.long)  # padding: its own block
+    shape = (len(bins), packed_width)
+    source = torch.full(shape, pad_slot, dtype=torch.long)
+    position = torch.zeros(shape, dtype=torch.long)
+    window = torch.full(shape, -1, dtype=torch.long)  # padding: its own block
     for r, members in enumerate(bins):
         start = 0
         for i in members:
