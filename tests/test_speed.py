@@ -19,7 +19,18 @@ from transformers import (
     DistilBertConfig,
 )
 
-from ablate import bench, cache, embedding_rows, freeze, labels, metrics, prefix, speed, tasks
+from ablate import (
+    bench,
+    cache,
+    dropout,
+    embedding_rows,
+    freeze,
+    labels,
+    metrics,
+    prefix,
+    speed,
+    tasks,
+)
 from ablate import model as model_lib
 from ablate.errors import AblateError
 from ablate.trainer import training_arguments
@@ -534,6 +545,73 @@ def test_embedding_rows_apply_only_where_the_update_stays_the_same(overrides, ta
     assert (after is not before) == bool(callbacks) == (tag == "rows train")
 
 
+# --- fast dropout masks -------------------------------------------------------------------------
+
+
+def test_fast_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_it():
+    x = torch.ones(1_000_000, requires_grad=True)
+    torch.manual_seed(0)
+    out = dropout.fast_dropout(x, 0.1)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.9) < 5 * (0.9 * 0.1 / x.numel()) ** 0.5
+    assert torch.equal(out[kept], torch.full_like(out[kept], 1 / 0.9))
+    out.sum().backward()
+    assert torch.equal(x.grad, out.detach())  # the gradient goes through the same mask
+    torch.manual_seed(0)
+    assert torch.equal(dropout.fast_dropout(x, 0.1), out)  # torch's seeded generator
+    module = dropout.FastDropout(0.1)
+    assert torch.equal(module.eval()(x), x) and torch.equal(dropout.FastDropout(0.0)(x), x)
+
+
+def test_fast_dropout_attention_is_the_masked_softmax_product_with_its_mask():
+    torch.manual_seed(1)
+    rows, heads, width, dim = 3, 4, 10, 8
+    q, k, v = (torch.randn(rows, heads, width, dim) for _ in range(3))
+    window = torch.tensor([0] * 4 + [1] * 6)
+    mask = (window[:, None] == window[None, :]).expand(rows, 1, width, width)
+
+    class Attention(torch.nn.Module):
+        is_causal = False
+
+    module = Attention()
+    torch.manual_seed(2)
+    out, _ = dropout.attention(module, q, k, v, mask, dropout=0.25)
+    torch.manual_seed(2)  # the same draws, by the formula
+    scores = torch.einsum("rhid,rhjd->rhij", q, k) / dim**0.5
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    keep = torch.empty(probs.shape, dtype=torch.int32).random_() < round(0.75 * 2**31)
+    expected = torch.einsum("rhij,rhjd->rihd", probs * keep / 0.75, v)
+    torch.testing.assert_close(out, expected)
+    # no dropout (evaluation): transformers' sdpa attention itself
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(dropout.attention(module, q, k, v, mask)[0], plain.transpose(1, 2))
+
+
+@pytest.mark.parametrize("arch", ["bert", "distilbert"])
+def test_fast_dropout_swaps_masks_only_and_leaves_evaluation_as_it_was(arch, features, tokenizer):
+    model = tiny_distilbert().model if arch == "distilbert" else build()[0].model
+    batch = DataCollatorForTokenClassification(tokenizer)(features["dev"][:8])
+    with torch.no_grad():
+        before = model.eval()(**batch).logits
+    assert dropout.skip_reason(model, torch.device("cuda")).startswith("device cuda")
+    assert dropout.skip_reason(model, torch.device("cpu")) is None
+    done = dropout.apply(model)
+    modules = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert modules and all(type(m) is dropout.FastDropout for m in modules)
+    assert done.startswith(f"{len(modules)} dropout modules") and dropout.ATTENTION in done
+    assert model.config._attn_implementation == dropout.ATTENTION
+    assert speed.packing_unsupported(model) is None
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, before, atol=0, rtol=0)
+    model.train()
+    torch.manual_seed(3)
+    first = model(**batch).loss
+    first.backward()
+    torch.manual_seed(3)
+    assert torch.equal(model(**batch).loss, first)  # seeded, and not evaluation's loss
+    assert not torch.isclose(first, model.eval()(**batch).loss)
+
+
 # --- precision and optimiser settings -----------------------------------------------------------
 
 
@@ -655,6 +733,8 @@ def test_real_sweep_reuses_tokenisation_and_trains_on_the_cached_prefix(
     assert runs["2"].data.tags["data.cache"] == "hit"
     for run in runs.values():
         assert run.data.tags["speed.cache_frozen"] == "embeddings + blocks 0-3"
+        assert dropout.ATTENTION in run.data.tags["speed.fast_dropout"]
+        assert run.data.tags["speed.length_grouping"] == "pack"  # with that attention too
         m = run.data.metrics
         assert m["cache_frozen_time_s"] > 0 and m["train_tokens_per_s"] > 0
         assert m["dev_eval_time_s"] > 0 and 0 <= m["dev_accuracy"] <= 1

@@ -147,11 +147,12 @@ class TrainerConfig:
     lr: float = 5e-5
     batch_size: int = 16
     eval_batch_size: int = 64
-    # Speed (ablate.speed, ablate.prefix); all but cache_frozen keep results within seed noise.
+    # Speed (ablate.speed, ablate.prefix, ...); all but cache_frozen keep results within seed noise.
     # pack: random batches packed into fewer rows (same gradients) | split | bucket | off
     length_grouping: str = "pack"
     fused_adamw: bool = True  # the same AdamW update in one fused kernel
     embedding_rows: bool = True  # only the word-embedding rows the train data uses train
+    fast_dropout: bool = True  # CPU dropout masks from int32 draws: other masks, same distribution
     sorted_eval: bool = True  # dev/test in length order, inference mode; predictions keep order
     cache_frozen: bool = False  # frozen embeddings + blocks 0..k-1 computed once (no dropout there)
     bf16: bool | None = None  # bf16 autocast; null = on for a GPU that has it, off on CPU

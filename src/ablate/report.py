@@ -46,6 +46,7 @@ _FREE_PARAMS = (
     "seed", "freeze", "tracking.", "data.root", "model.name_or_path",
     "trainer.threads", "trainer.eval_batch_size", "data.tokenized_cache", "trainer.measure_flops",
     "trainer.sorted_eval", "trainer.pin_memory", "trainer.fused_adamw", "trainer.embedding_rows",
+    "trainer.fast_dropout",  # other dropout masks, the same distribution: like another seed
 )  # fmt: skip
 _RUN_METRICS = {
     "trainable_params": "trainable_params",

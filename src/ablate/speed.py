@@ -14,6 +14,8 @@
   full fine-tuning step.
 - ``trainer.embedding_rows``: only the word-embedding rows the training data uses train, with the
   full table's update (``ablate.embedding_rows``).
+- ``trainer.fast_dropout``: CPU dropout masks from int32 draws, the same distribution at a third
+  of ``bernoulli_``'s cost (``ablate.dropout``).
 - ``trainer.sorted_eval``: dev/test batches sorted by length; predictions are returned in the
   dataset's order. Every prediction step runs under ``torch.inference_mode()``; with bf16, under
   ``no_grad`` in one autocast region for the whole evaluation, so each weight is cast once.
@@ -41,6 +43,7 @@ from torch.utils.data import Dataset, Sampler, SequentialSampler
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import EvalLoopOutput, has_length
 
+from ablate import dropout
 from ablate.errors import AblateError
 from ablate.labels import IGNORE
 
@@ -212,7 +215,7 @@ def packing_unsupported(model: torch.nn.Module) -> str | None:
     if model_type not in PACKABLE_MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {', '.join(PACKABLE_MODEL_TYPES)}"
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in ("sdpa", "eager"):
+    if attention not in ("sdpa", "eager", dropout.ATTENTION):
         return f"attention implementation {attention!r} (sdpa or eager needed)"
     return None
 

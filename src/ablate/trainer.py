@@ -18,6 +18,7 @@ from transformers import EarlyStoppingCallback, TrainingArguments, set_seed
 from ablate import (
     cache,
     data,
+    dropout,
     embedding_rows,
     freeze,
     labels,
@@ -235,6 +236,8 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
             *rows_callbacks,
         ],
     )
+    # trainer.fast_dropout: CPU dropout masks from int32 draws (same distribution, faster)
+    dropout.wrap(cfg, model, trainer.args.device, run)
     if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
         trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)
     if cfg.trainer.early_stopping_patience is not None:
