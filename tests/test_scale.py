@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -114,6 +115,7 @@ def team_server():
     uri = server.start(folder, free_port(), free_port(), db_url=None)
     yield uri, folder
     server.stop(folder)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_parallel_sweep_against_a_postgres_backed_server(team_server, slice_root, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import tempfile
 
 import numpy as np
 import pytest
@@ -685,13 +686,19 @@ def test_bench_table_ratios_charge_the_prefix_cache_to_the_epochs():
 
 def test_bench_runs_its_jobs_and_logs_the_table_it_computed(tmp_path, store, monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # main() sets it for its jobs; restored after
+    temp = tmp_path / "tmp"  # the bench's and its jobs' temporary folders
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     out = tmp_path / "bench"
     sizes = ["--train-sentences", "24", "--dev-sentences", "8", "--test-sentences", "4"]
     rc = bench.main(
         ["--model", "tiny", *sizes, "--epochs", "1", "--repeats", "1", "--configs", "full"]
         + ["--recipes", "ablate", "--uri", store, "--out", str(out)]
+        + ["--omp-wait-policy", "PASSIVE"]
     )
     assert rc == 0
+    assert list(temp.iterdir()) == []  # its data slice, caches, logs and trainer folders are gone
     text = (out / "bench.md").read_text()
     assert "| full FT (freeze=none) | train time per epoch (s) |" in text
     logged = json.loads((out / "bench.json").read_text())

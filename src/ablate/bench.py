@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def _plain_accuracy(eval_pred) -> dict[str, float]:
     return {"accuracy": metrics.accuracy(gold, pred), "words": float(gold.size)}
 
 
-def plain_fit(cfg, run) -> None:
+def plain_fit(cfg, run, output_dir: str) -> None:
     """The plain recipe on ``cfg``'s data, model, freezing and optimisation settings."""
     import numpy as np
     import torch
@@ -142,7 +143,7 @@ def plain_fit(cfg, run) -> None:
     ).model
     t = cfg.trainer
     args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="ablate-plain-"),
+        output_dir=output_dir,
         num_train_epochs=t.epochs,
         learning_rate=t.lr,
         per_device_train_batch_size=t.batch_size,
@@ -197,7 +198,7 @@ def job(spec: dict) -> None:
     with tracking.start_run(cfg) as run:
         run.tags({f"bench.{k}": spec[k] for k in ("recipe", "config", "bench_id")})
         if spec["recipe"] == "plain":
-            plain_fit(cfg, run)
+            plain_fit(cfg, run, tempfile.mkdtemp(prefix="plain-", dir=Path(spec["result"]).parent))
         else:
             ablate_trainer.fit(cfg, run)
         run_id = run.id
@@ -415,9 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         # MiniLM step 3-10x here, for either recipe: noise, not a difference between them.
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
 
-    import torch
-
-    from ablate import config, tracking
+    from ablate import config
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in CONFIGS]
@@ -430,6 +429,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or config.project_root() / "reports" / "bench").resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ablate-bench-"))
+    try:  # its data slice, caches and job logs (a failed job's error holds its log's tail)
+        return _bench(args, argv, configs, recipes, uri, out, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(args, argv, configs: list[str], recipes: list[str], uri: str, out: Path, work: Path):
+    """Run the jobs in ``work``; write, log and print the table."""
+    import torch
+
+    from ablate import tracking
+
     sizes = {"train": args.train_sentences, "dev": args.dev_sentences, "test": args.test_sentences}
     treebank = write_slice(args.data, work / "data", sizes)
     threads = torch.get_num_threads()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -318,3 +319,5 @@ def _remove_checkpoints(output_dir: str, run: tracking.Run) -> None:
     for folder in folders:
         for checkpoint in Path(folder).glob("checkpoint-*") if folder else ():
             shutil.rmtree(checkpoint, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the folder too, when nothing else is in it
+        Path(output_dir).rmdir()
