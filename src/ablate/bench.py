@@ -398,10 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="folder for bench.md/json (reports/bench)")
     parser.add_argument(
         "--omp-wait-policy",
-        default="PASSIVE",
-        help="OMP_WAIT_POLICY for every job, both recipes (PASSIVE: idle OpenMP threads sleep, so "
-        "other processes on the machine cost both recipes only their CPU share; 'inherit': leave "
-        "the environment as it is)",
+        default="inherit",
+        help="OMP_WAIT_POLICY for every job, both recipes ('inherit', the default: the environment "
+        "as it is, as a user's runs get it; PASSIVE: idle OpenMP threads sleep at once, so other "
+        "processes on a shared machine cost both recipes only their CPU share)",
     )
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -412,8 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.omp_wait_policy != "inherit":
         # OpenMP reads it when torch loads it: set before the import, and children inherit it.
-        # With the default (spinning) policy one busy core from another process slowed a
-        # MiniLM step 3-10x here, for either recipe: noise, not a difference between them.
+        # With OpenMP's default (spin, then sleep) one busy core from another process slowed a
+        # MiniLM step 3-10x here, for either recipe. PASSIVE avoids that, but on an idle machine
+        # it slowed ablate's training steps (many small ops) more than plain's: not the default.
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
 
     from ablate import config
