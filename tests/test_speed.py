@@ -666,10 +666,12 @@ def test_bench_table_ratios_charge_the_prefix_cache_to_the_epochs():
         fake_job("full", "bucket", 3, 1, 0.880),
         fake_job("first4", "plain", 10, 3, 0.8),
         fake_job("first4", "ablate", 1, 1, 0.8, cache_s=2.0),  # 1 s/epoch + 2 s once = 2 s/epoch
+        fake_job("nodrop", "plain", 10, 3, 0.75),
+        fake_job("nodrop", "ablate", 4, 1, 0.7525),
     ]
     summary = bench.summarise(jobs, epochs=2, peak=1e10)
     text, comparisons = bench.table(
-        summary, ["full", "first4"], epochs=2, recipes=("ablate", "bucket")
+        summary, ["full", "first4", "nodrop"], epochs=2, recipes=("ablate", "bucket")
     )
     assert comparisons["full.ablate.train_s_ratio"] == pytest.approx(0.4)
     assert comparisons["full.bucket.train_s_ratio"] == pytest.approx(0.3)
@@ -681,7 +683,8 @@ def test_bench_table_ratios_charge_the_prefix_cache_to_the_epochs():
     assert "<= 0.4: ablate: met, bucket: met" in text
     assert "<= 0.33: ablate: missed, bucket: missed" in text
     assert "within 0.2 pt: ablate: met, bucket: missed" in text
-    assert text.count("\n") == 2 + 2 * len(bench.ROWS)
+    assert "| +0.25 pt |  |  | within 0.2 pt: ablate: missed |" in text  # nodrop: no bucket job
+    assert text.count("\n") == 2 + 3 * len(bench.ROWS)
 
 
 def test_bench_runs_its_jobs_and_logs_the_table_it_computed(tmp_path, store, monkeypatch):
@@ -693,26 +696,30 @@ def test_bench_runs_its_jobs_and_logs_the_table_it_computed(tmp_path, store, mon
     out = tmp_path / "bench"
     sizes = ["--train-sentences", "24", "--dev-sentences", "8", "--test-sentences", "4"]
     rc = bench.main(
-        ["--model", "tiny", *sizes, "--epochs", "1", "--repeats", "1", "--configs", "full"]
+        ["--model", "tiny", *sizes, "--epochs", "1", "--repeats", "1", "--configs", "nodrop"]
         + ["--recipes", "ablate", "--uri", store, "--out", str(out)]
         + ["--omp-wait-policy", "PASSIVE"]
     )
     assert rc == 0
     assert list(temp.iterdir()) == []  # its data slice, caches, logs and trainer folders are gone
     text = (out / "bench.md").read_text()
-    assert "| full FT (freeze=none) | train time per epoch (s) |" in text
+    assert "| full FT without dropout | train time per epoch (s) |" in text
     logged = json.loads((out / "bench.json").read_text())
     jobs = {job["recipe"]: job["result"] for job in logged["jobs"]}
     assert list(jobs) == ["plain", "ablate"]
     ratio = jobs["ablate"]["epoch_time_s"][0] / jobs["plain"]["epoch_time_s"][0]
-    assert logged["ratios"]["full.ablate.train_s_ratio"] == pytest.approx(ratio)
+    assert logged["ratios"]["nodrop.ablate.train_s_ratio"] == pytest.approx(ratio)
     assert f"| {ratio:.2f} |" in text
+    # without dropout masks ablate trains as plain does: the same dev accuracy
+    assert jobs["ablate"]["padding_pct"][0] < jobs["plain"]["padding_pct"][0]  # it packed
+    assert jobs["ablate"]["dev_accuracy"] == jobs["plain"]["dev_accuracy"]
+    assert logged["ratios"]["nodrop.ablate.dev_acc_diff_pt"] == 0
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("ablate-bench").experiment_id])
     roles = sorted(r.data.tags.get("bench.recipe") or r.data.tags["bench.role"] for r in runs)
     assert roles == ["ablate", "plain", "summary"]
     (summary,) = [r for r in runs if r.data.tags.get("bench.role") == "summary"]
-    assert summary.data.metrics["full.ablate.train_s_ratio"] == pytest.approx(ratio)
+    assert summary.data.metrics["nodrop.ablate.train_s_ratio"] == pytest.approx(ratio)
 
 
 # --- a real sweep -------------------------------------------------------------------------------
