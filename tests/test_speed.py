@@ -710,8 +710,11 @@ def test_bench_runs_its_jobs_and_logs_the_table_it_computed(tmp_path, store, mon
     ratio = jobs["ablate"]["epoch_time_s"][0] / jobs["plain"]["epoch_time_s"][0]
     assert logged["ratios"]["nodrop.ablate.train_s_ratio"] == pytest.approx(ratio)
     assert f"| {ratio:.2f} |" in text
-    # without dropout masks ablate trains as plain does: the same dev accuracy
+    # Without dropout masks ablate computes what plain computes: the same training loss (the
+    # logged epoch mean, 4 decimals) and dev accuracy. The tiny model barely learns in two steps,
+    # so this checks the bench's plumbing; the packing tests above check the gradients exactly.
     assert jobs["ablate"]["padding_pct"][0] < jobs["plain"]["padding_pct"][0]  # it packed
+    assert jobs["ablate"]["train_loss"] == pytest.approx(jobs["plain"]["train_loss"], abs=1e-4)
     assert jobs["ablate"]["dev_accuracy"] == jobs["plain"]["dev_accuracy"]
     assert logged["ratios"]["nodrop.ablate.dev_acc_diff_pt"] == 0
     client = MlflowClient(store)

@@ -189,7 +189,9 @@ def plain_fit(cfg, run, output_dir: str) -> None:
     run.metrics({"peak_rss_mb": tracking.peak_rss_mb()})
 
 
-HISTORIES = ("epoch_time_s", "dev_eval_time_s", "dev_accuracy", "train_tokens", "padding_pct")
+HISTORIES = (
+    "epoch_time_s", "dev_eval_time_s", "dev_accuracy", "train_loss", "train_tokens", "padding_pct"
+)  # fmt: skip
 SCALARS = (
     "tokenize_time_s",
     "cache_frozen_time_s",
