@@ -147,7 +147,8 @@ class TrainerConfig:
     lr: float = 5e-5
     batch_size: int = 16
     eval_batch_size: int = 64
-    # Speed (ablate.speed, ablate.prefix, ...); all but cache_frozen keep results within seed noise.
+    # Speed (ablate.speed, .prefix, .embedding_rows, .dropout); all but cache_frozen keep results
+    # within seed noise.
     # pack: random batches packed into fewer rows (same gradients) | split | bucket | off
     length_grouping: str = "pack"
     fused_adamw: bool = True  # the same AdamW update in one fused kernel

@@ -216,7 +216,7 @@ def packing_unsupported(model: torch.nn.Module) -> str | None:
         return f"model_type {model_type!r} is not one of {', '.join(PACKABLE_MODEL_TYPES)}"
     attention = getattr(config, "_attn_implementation", None)
     if attention not in ("sdpa", "eager", dropout.ATTENTION):
-        return f"attention implementation {attention!r} (sdpa or eager needed)"
+        return f"attention implementation {attention!r} (sdpa, eager or {dropout.ATTENTION} needed)"
     return None
 
 
