@@ -6,13 +6,16 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 from conftest import NAIJA, ROOT, conllu_blocks, run_cli, slice_overrides, write_treebank
+from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from ablate import data, tracking
+from ablate import data, speed, tracking, trainer
+from ablate.config import conf_dir
 
 
 def runs_in(store: str, experiment: str = "ablate"):
@@ -200,3 +203,34 @@ def test_each_bad_input_is_one_named_error_and_no_run_is_left_running(slice_root
     errors = {r.data.params["model.name_or_path"]: r.data.tags.get("error", "") for r in runs}
     assert "'/nope': no such folder" in errors["/nope"]
     assert "is a hub id, and the Hugging Face hub is not reachable" in errors["bert-base-cased"]
+
+
+@pytest.mark.parametrize("fail_in_epoch", [1, 2])
+def test_a_failed_run_keeps_its_checkpoint_folder_only_when_it_can_resume(
+    slice_root, tmp_path, monkeypatch, fail_in_epoch
+):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where mkdtemp puts run folders
+    original = speed.AblateTrainer.training_step
+
+    def crash(self, *args, **kwargs):  # a crash mid-run, as an out-of-memory error would be
+        if self.state.epoch >= fail_in_epoch - 1:
+            raise RuntimeError("injected crash")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(speed.AblateTrainer, "training_step", crash)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = [o for o in slice_overrides(slice_root, store, tmp_path) if "hydra." not in o]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    with pytest.raises(RuntimeError, match="injected crash"), tracking.start_run(cfg) as run:
+        trainer.fit(cfg, run)
+    left = list(temp.iterdir())
+    _, runs = runs_in(store)
+    assert [r.info.status for r in runs] == ["FAILED"]
+    if fail_in_epoch == 1:  # nothing to resume from: no folder left behind
+        assert left == []
+    else:  # epoch 1's checkpoint stays for trainer.resume
+        assert len(left) == 1 and [p.name for p in left[0].iterdir()] == ["checkpoint-8"]
+        assert runs[0].data.tags["ablate.checkpoint_dir"] == str(left[0])

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +36,23 @@ from ablate.errors import AblateError
 log = logging.getLogger(__name__)
 
 
-def _output_dir() -> str:
+@contextlib.contextmanager
+def _checkpoint_folder() -> Iterator[str]:
+    """The Trainer's output folder: the job's ``trainer/`` under Hydra, else a new temp folder.
+
+    A run that fails before its first checkpoint leaves nothing in it to resume from, so the
+    empty folder is removed; one with checkpoints stays for ``trainer.resume``.
+    """
     if HydraConfig.initialized():
-        return str(Path(HydraConfig.get().runtime.output_dir) / "trainer")
-    return tempfile.mkdtemp(prefix="ablate-")
+        folder = str(Path(HydraConfig.get().runtime.output_dir) / "trainer")
+    else:
+        folder = tempfile.mkdtemp(prefix="ablate-")
+    try:
+        yield folder
+    except BaseException:
+        with contextlib.suppress(OSError):  # not empty (checkpoints) or never created
+            Path(folder).rmdir()
+        raise
 
 
 def training_arguments(cfg: DictConfig, output_dir: str) -> TrainingArguments:
@@ -217,37 +231,38 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     model, train_set = prefix.wrap(cfg, applied, features["train"], tokenizer, run)
     # trainer.embedding_rows: only the word-embedding rows the training data uses train
     rows_callbacks = embedding_rows.wrap(cfg, applied, model, features["train"], run)
-    epochs = tracking.EpochLogger(run, task.primary_metric, task.epoch_metrics)
-    collator = speed.CountingCollator(task.collator(tokenizer))
-    trainer = speed.AblateTrainer(
-        sorted_eval=cfg.trainer.sorted_eval,
-        length_grouping=cfg.trainer.length_grouping,
-        model=model,
-        args=training_arguments(cfg, _output_dir()),
-        train_dataset=train_set,
-        eval_dataset=features["dev"],
-        data_collator=collator,
-        processing_class=tokenizer,
-        compute_metrics=task.compute_metrics,
-        preprocess_logits_for_metrics=metrics.argmax_logits,
-        callbacks=[
-            epochs,
-            speed.SpeedMeter(run, collator, cfg.trainer.measure_flops),
-            *(make(run) for make in applied.callbacks),
-            *rows_callbacks,
-        ],
-    )
-    # trainer.fast_dropout: CPU dropout masks from int32 draws (same distribution, faster)
-    dropout.wrap(cfg, model, trainer.args.device, run)
-    if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
-        trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)
-    if cfg.trainer.early_stopping_patience is not None:
-        trainer.add_callback(EarlyStoppingCallback(cfg.trainer.early_stopping_patience))
-    grouping = trainer.length_grouping
-    if trainer.packing_unsupported:
-        grouping += f" (pack: {trainer.packing_unsupported})"
-    run.tags({"ablate.checkpoint_dir": trainer.args.output_dir, "speed.length_grouping": grouping})
-    train_out = trainer.train(resume_from_checkpoint=_resume_checkpoint(run))
+    with _checkpoint_folder() as output_dir:
+        epochs = tracking.EpochLogger(run, task.primary_metric, task.epoch_metrics)
+        collator = speed.CountingCollator(task.collator(tokenizer))
+        trainer = speed.AblateTrainer(
+            sorted_eval=cfg.trainer.sorted_eval,
+            length_grouping=cfg.trainer.length_grouping,
+            model=model,
+            args=training_arguments(cfg, output_dir),
+            train_dataset=train_set,
+            eval_dataset=features["dev"],
+            data_collator=collator,
+            processing_class=tokenizer,
+            compute_metrics=task.compute_metrics,
+            preprocess_logits_for_metrics=metrics.argmax_logits,
+            callbacks=[
+                epochs,
+                speed.SpeedMeter(run, collator, cfg.trainer.measure_flops),
+                *(make(run) for make in applied.callbacks),
+                *rows_callbacks,
+            ],
+        )
+        # trainer.fast_dropout: CPU dropout masks from int32 draws (same distribution, faster)
+        dropout.wrap(cfg, model, trainer.args.device, run)
+        if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
+            trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)
+        if cfg.trainer.early_stopping_patience is not None:
+            trainer.add_callback(EarlyStoppingCallback(cfg.trainer.early_stopping_patience))
+        grouping = trainer.length_grouping
+        if trainer.packing_unsupported:
+            grouping += f" (pack: {trainer.packing_unsupported})"
+        run.tags({"ablate.checkpoint_dir": output_dir, "speed.length_grouping": grouping})
+        train_out = trainer.train(resume_from_checkpoint=_resume_checkpoint(run))
     for folder, write in applied.artifacts.items():  # e.g. the LoRA adapter, not the whole model
         with tempfile.TemporaryDirectory() as tmp:
             write(tmp)
