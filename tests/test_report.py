@@ -225,10 +225,17 @@ def test_other_settings_and_reruns_are_left_out(grid):
     rerun["run_id"] = "rerun"
     rerun["start_time"] = df.start_time.max() + pd.Timedelta(hours=1)
     params["rerun"] = params[df.run_id[rerun.index[0]]]
-    df = pd.concat([old, df, rerun], ignore_index=True)
+    variant = df[(df.freeze == "all") & (df.seed == 1)].copy()  # same strategy name, other option
+    variant["run_id"], variant["seed"] = "variant", 7
+    variant["start_time"] = df.start_time.min() - pd.Timedelta(minutes=1)
+    params["variant"] = {
+        **params[df.run_id[variant.index[0]]], "seed": "7", "freeze.embeddings": "True"
+    }  # fmt: skip
+    df = pd.concat([old, variant, df, rerun], ignore_index=True)
     rep = report.build(report.Runs(df, runs.history, params, runs.source))
     reasons = dict(zip(rep.excluded.seed, rep.excluded.reason, strict=True))
     assert "trainer.epochs=1 (latest: 2)" in reasons[42]
+    assert "freeze.embeddings=True (latest: False)" in reasons[7]
     assert reasons[2] == "superseded by the later run rerun"
     assert "rerun" in set(rep.runs.run_id) and rep.summary.n.tolist() == [2, 2]
 

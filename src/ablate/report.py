@@ -42,8 +42,9 @@ LEVEL = 0.95
 N_BOOT = 1000
 # Params that may differ between the seeds of one strategy without making them different studies
 # (where files sit, how many threads or how large the eval batches were).
+_FREE_KEYS = ("seed", "freeze")  # exact: every freeze.* option is a setting of the strategy
 _FREE_PARAMS = (
-    "seed", "freeze", "tracking.", "data.root", "model.name_or_path",
+    "tracking.", "data.root", "model.name_or_path",
     "trainer.threads", "trainer.eval_batch_size", "data.tokenized_cache", "trainer.measure_flops",
     "trainer.sorted_eval", "trainer.pin_memory", "trainer.fused_adamw", "trainer.embedding_rows",
     "trainer.fast_dropout",  # other dropout masks, the same distribution: like another seed
@@ -319,7 +320,9 @@ class _Predictions:
 
 
 def _settings(params: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in params.items() if not k.startswith(_FREE_PARAMS)}
+    return {
+        k: v for k, v in params.items() if k not in _FREE_KEYS and not k.startswith(_FREE_PARAMS)
+    }
 
 
 def _diff(a: dict[str, str], b: dict[str, str]) -> str:
