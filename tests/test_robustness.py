@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -115,17 +116,28 @@ def test_same_seed_gives_identical_dev_metrics_and_a_full_record(slice_root, tmp
     assert tags["device"] == "cpu" and tags["git.dirty"] in ("True", "False")
 
 
-def test_identity_ignores_where_runs_go_but_not_what_they_compute():
-    from hydra import compose, initialize_config_dir
-
-    from ablate.config import conf_dir
-
+def test_identity_ignores_where_runs_go_but_not_what_they_compute(slice_root, tmp_path):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         base = tracking.identity(compose("train"))
         same = compose("train", overrides=["tracking.uri=sqlite:////x.db", "trainer.resume=true"])
         other = compose("train", overrides=["trainer.lr=1e-4"])
     assert tracking.identity(same) == base
     assert tracking.identity(other) != base
+
+    # An unpinned treebank: the same files under another root are the same run, other files
+    # under the same config are not.
+    folder = slice_root / "ud" / "UD_Naija-Slice"
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy / "ud" / "UD_Naija-Slice")
+    slice_cfg = ["data=ud", "data.treebank=UD_Naija-Slice"]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        first = compose("train", overrides=[*slice_cfg, f"data.root={slice_root}"])
+        moved = compose("train", overrides=[*slice_cfg, f"data.root={copy}"])
+    assert tracking.identity(moved) == tracking.identity(first)
+    train = copy / "ud" / "UD_Naija-Slice" / "pcm_slice-ud-train.conllu"
+    blocks = conllu_blocks(train)
+    train.write_text("\n".join(blocks[:-1]) + "\n", "utf-8")  # one sentence fewer
+    assert tracking.identity(moved) != tracking.identity(first)
 
 
 @pytest.mark.parametrize("beat_age_min", [5, 45])

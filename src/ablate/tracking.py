@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 
+from ablate import data
 from ablate.config import project_root
 from ablate.errors import AblateError
 
@@ -124,12 +126,17 @@ NOT_IDENTITY = (
 
 
 def identity(cfg: DictConfig) -> str:
-    """sha256 of the resolved config without where-and-how keys: equal runs have equal identity.
+    """sha256 of the resolved config without where-and-how keys, plus the sha256 of each data
+    split file: equal runs have equal identity.
 
-    ``data.root`` is left out because data files are identified by their sha256 (pinned, tagged);
-    the caches and the evaluation order are left out because they give the same numbers (tested).
+    ``data.root`` is left out and the files' content counts instead: the same files elsewhere are
+    the same run, and other files under the same config (an unpinned treebank folder, a user's
+    slice) are not. The caches and the evaluation order are left out because they give the same
+    numbers (tested).
     """
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    with contextlib.suppress(AblateError):  # fit raises it again, inside the run (FAILED, tagged)
+        resolved["data_sha256"] = data.locate(cfg.data).sha256
     for dotted in NOT_IDENTITY:
         *parents, leaf = dotted.split(".")
         node = resolved
