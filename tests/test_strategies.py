@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 from transformers import DataCollatorForTokenClassification, DistilBertConfig, TrainerCallback
 
-from ablate import data, freeze, labels, search, tracking, trainer
+from ablate import data, freeze, labels, report, search, tracking, trainer
 from ablate import model as model_lib
 from ablate.config import conf_dir
 from ablate.errors import AblateError
@@ -235,6 +235,57 @@ def test_gradual_unfreezes_on_schedule(slice_root, store, monkeypatch):
     everything = sum(p.numel() for p in model.parameters())
     assert by_step == {0: head, 1: head, 2: head + two, 3: everything}
     assert all(p.requires_grad for p in model_lib.embeddings(model).parameters())
+
+
+class InterruptAfterDev(TrainerCallback):
+    """Ctrl-C right after epoch ``epoch``'s dev score is logged, before its checkpoint is saved."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if round(state.epoch) == self.epoch:
+            raise KeyboardInterrupt
+
+
+def test_a_resumed_gradual_run_keeps_its_schedule_and_one_dev_score_per_epoch(
+    slice_root, store, monkeypatch
+):
+    original = freeze.apply
+
+    def interrupted(model, cfg):
+        applied = original(model, cfg)
+        applied.callbacks.append(lambda run: InterruptAfterDev(2))
+        return applied
+
+    args = ("freeze=gradual", "freeze.schedule=[0,2,7]", "trainer.epochs=3", "trainer.lr=1e-3")
+    monkeypatch.setattr(freeze, "apply", interrupted)
+    with pytest.raises(KeyboardInterrupt):  # epoch 2 scored on dev, its checkpoint not saved
+        fit(slice_root, store, *args)
+    monkeypatch.setattr(freeze, "apply", original)
+    rec = record(monkeypatch, Recorder())
+    _, run_id, results = fit(slice_root, store, *args, "trainer.resume=true")
+
+    client = MlflowClient(store)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.resumed"] == "true"
+    # the resumed process trains epochs 2 and 3 from epoch 1's checkpoint, on the schedule
+    n = len(model_lib.blocks(rec.model))
+    assert [e["trains"] for e in rec.epochs] == [[i >= n - k for i in range(n)] for k in (2, n)]
+    trainable = report.latest_per_step(client.get_metric_history(run_id, "trainable_params"))
+    model, blocks = rec.model, model_lib.blocks(rec.model)
+    head = sum(p.numel() for p in model.classifier.parameters())
+    two = sum(p.numel() for b in blocks[n - 2 :] for p in b.parameters())
+    everything = sum(p.numel() for p in model.parameters())
+    assert trainable == {0: head, 1: head, 2: head + two, 3: everything}
+    # epoch 2 was scored twice (killed, then again); it counts once, with its retrained score
+    points = client.get_metric_history(run_id, "dev_accuracy")
+    assert sorted(m.step for m in points) == [1, 2, 2, 3]
+    dev = list(report.latest_per_step(points).values())
+    assert results["best_epoch"] == dev.index(max(dev)) + 1 <= 3
+    assert results["best_dev_accuracy"] == max(dev)
+    history = report.load_runs("ablate", store).history
+    assert sorted(history[history.key == "dev_accuracy"].epoch) == [1, 2, 3]
 
 
 def test_frozen_encoder_with_bilstm_head_runs(slice_root, store):

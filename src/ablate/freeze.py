@@ -165,7 +165,6 @@ class GradualUnfreezing(TrainerCallback):
         self.model = model
         self.schedule = list(schedule)
         self.run: Run | None = None
-        self._epoch = 0
 
     def with_run(self, run: Run) -> GradualUnfreezing:
         self.run = run
@@ -181,13 +180,13 @@ class GradualUnfreezing(TrainerCallback):
         return k
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        self.set_epoch(self._epoch)
-        self._epoch += 1
+        epoch = int(round(state.epoch or 0))  # epochs done: a resumed run starts past 0
+        self.set_epoch(epoch)
         if self.run is not None:
             trainable, total = model_lib.count_params(self.model)
             self.run.metrics(
                 {"trainable_params": trainable, "trainable_pct": 100.0 * trainable / total},
-                step=self._epoch,
+                step=epoch + 1,
             )
 
 

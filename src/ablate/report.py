@@ -225,11 +225,11 @@ def load_runs(
     hist = []
     for row in runs[runs.status == "FINISHED"].itertuples():
         for key in (f"dev_{row.metric}", "train_loss", "epoch_time_s"):
-            for point in client.get_metric_history(row.run_id, key):
+            points = latest_per_step(client.get_metric_history(row.run_id, key))
+            for step, value in points.items():  # a resumed run may have logged a step twice
                 hist.append(
-                    (row.run_id, row.data, row.model, row.freeze, row.seed, key,
-                     point.step, point.value)
-                )  # fmt: skip
+                    (row.run_id, row.data, row.model, row.freeze, row.seed, key, step, value)
+                )
     history_df = pd.DataFrame(hist, columns=_HISTORY_COLUMNS)
     epochs = history_df[history_df.key == "epoch_time_s"]
     runs["train_time_s"] = runs.run_id.map(epochs.groupby("run_id").value.sum())
@@ -241,6 +241,14 @@ def load_runs(
         **({"metric": metric} if metric else {}),
     }
     return Runs(runs=runs, history=history_df, params=params, source=source)
+
+
+def latest_per_step(points: Sequence) -> dict[int, float]:
+    """MLflow metric points as {step: value}, in step order, the latest point of each step."""
+    latest = {}
+    for m in sorted(points, key=lambda m: (m.step, m.timestamp)):
+        latest[m.step] = m.value
+    return latest
 
 
 _RUN_COLUMNS = [
@@ -319,7 +327,9 @@ class _Predictions:
 # --- summary -----------------------------------------------------------------------------------
 
 
-def _settings(params: dict[str, str]) -> dict[str, str]:
+def settings(params: dict[str, str]) -> dict[str, str]:
+    """A run's params without those that may differ between seeds of one study (seed, where
+    files sit, threads, ...): runs with equal settings are comparable."""
     return {
         k: v for k, v in params.items() if k not in _FREE_KEYS and not k.startswith(_FREE_PARAMS)
     }
@@ -347,9 +357,9 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     # Seeds of one strategy must share every setting; the latest run defines which settings the
     # report shows (an earlier smoke run with other epochs must not become a "seed").
     for _, cell in ok.groupby(["data", "model", "freeze"]):
-        latest = _settings(runs.params[cell.run_id.iloc[-1]])
+        latest = settings(runs.params[cell.run_id.iloc[-1]])
         for row in cell.itertuples():
-            diff = _diff(_settings(runs.params[row.run_id]), latest)
+            diff = _diff(settings(runs.params[row.run_id]), latest)
             if diff:
                 reasons[row.run_id] = f"other settings than the latest {row.freeze} run: {diff}"
     ok = df[~df.run_id.isin(reasons)]
@@ -503,7 +513,7 @@ def build(
             metric = cell.metric.iloc[0]
             head = {"panel": panel, "data": data, "model": model, "strategy": strategy}
             rows.append({**head, "metric": metric, **_row(cell, base, preds, boot)})
-        if differ := _differing_settings(group, runs.params):
+        if differ := _differingsettings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
         counts = group.groupby("freeze").size()
         if counts.nunique() > 1:
@@ -528,10 +538,10 @@ def build(
     )
 
 
-def _differing_settings(group: pd.DataFrame, params: dict[str, dict[str, str]]) -> str:
+def _differingsettings(group: pd.DataFrame, params: dict[str, dict[str, str]]) -> str:
     """Settings that differ between the strategies of one panel, e.g. runs from two grids."""
     by_strategy = {
-        s: _settings(params[group[group.freeze == s].run_id.iloc[-1]])
+        s: settings(params[group[group.freeze == s].run_id.iloc[-1]])
         for s in strategy_order(group.freeze)
     }
     keys = set().union(*by_strategy.values())

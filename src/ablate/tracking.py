@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 from ablate import data
 from ablate.config import project_root
 from ablate.errors import AblateError
+from ablate.report import latest_per_step
 
 # Offline machines: don't let MLflow try to phone home.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -278,9 +279,9 @@ class Run:
         self.resumed = resumed  # the KILLED run this job continues, or None
 
     def history(self, key: str) -> list[float]:
-        """Values of a per-epoch metric logged so far, in epoch order."""
-        points = self.client.get_metric_history(self.id, key)
-        return [m.value for m in sorted(points, key=lambda m: m.step)]
+        """Values of a per-epoch metric logged so far, in epoch order: one per epoch, the latest
+        (a resumed run logs again the epochs its checkpoint did not hold)."""
+        return list(latest_per_step(self.client.get_metric_history(self.id, key)).values())
 
     def artifacts(self, folder: str, path: str) -> None:
         mlflow.log_artifacts(folder, path)
@@ -386,6 +387,11 @@ class EpochLogger(TrainerCallback):
     @staticmethod
     def _epoch(state) -> int:
         return int(round(state.epoch or 0))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # A run killed after an epoch's dev score was logged but before its checkpoint was saved
+        # trains that epoch again: keep only the epochs the checkpoint holds.
+        del self.history[self._epoch(state) :]
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
