@@ -139,6 +139,8 @@ def test_bad_strategy_settings_are_clear_errors(minilm, overrides, message):
 def test_unknown_head_is_a_clear_error():
     with pytest.raises(AblateError, match=r"model\.head='crf' is not one of linear, bilstm"):
         build(compose_cfg("model=tiny", "model.head=crf"))
+    with pytest.raises(AblateError, match=r"model\.lstm_hidden=5 sizes the bilstm head, but "):
+        build(compose_cfg("model=tiny", "model.lstm_hidden=5"))  # ignored by the linear head
 
 
 # -- real training, in this process (the same trainer.fit the CLI calls) -----------------------

@@ -150,6 +150,11 @@ def build(cfg: DictConfig, model_class, label_names: Sequence[str]) -> nn.Module
     """
     if cfg.head not in HEADS:
         raise AblateError(f"model.head={cfg.head!r} is not one of {', '.join(HEADS)}")
+    if cfg.lstm_hidden is not None and cfg.head != "bilstm":
+        raise AblateError(
+            f"model.lstm_hidden={cfg.lstm_hidden} sizes the bilstm head, but model.head="
+            f"{cfg.head!r}; set model.head=bilstm or leave model.lstm_hidden unset"
+        )
     if cfg.head == "bilstm" and model_class is not AutoModelForTokenClassification:
         raise AblateError(
             f"model.head=bilstm labels every token; this task's model is {model_class.__name__}"
