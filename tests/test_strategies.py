@@ -393,3 +393,28 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
     # The same table again, from the store alone.
     assert search.main(["--report-only", *overrides]) == 0
     assert capsys.readouterr().out.strip() == table.strip()
+
+    # A later search of bitfit with other settings is its own comparison: the older trials (more
+    # sentences) are left out, not pooled with it.
+    later = [*overrides, "data.max_train_sentences=24", "hydra.sweeper.n_trials=1"]
+    assert search.main([*later, "freeze=bitfit"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    (new,) = [
+        r for r in client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+        if r.data.params["data.max_train_sentences"] == "24"
+    ]  # fmt: skip
+    lr = float(new.data.params["trainer.lr"])
+    assert f"| 1 (+2 with other settings, not compared) | {lr:.3g} | best_dev_accuracy |" in row
+    assert new.info.run_id in row
+
+    # Every study in the store, each with its own task's objective (an NER trial logs F1).
+    ner = client.create_run(client.get_experiment_by_name("ablate").experiment_id).info.run_id
+    client.set_tag(ner, "study", "lr-conll2003-tiny-none")
+    for key, value in {"freeze": "none", "data.task": "ner", "trainer.lr": 3e-4}.items():
+        client.log_param(ner, key, value)
+    client.log_metric(ner, "best_dev_f1", 0.5)
+    client.set_terminated(ner, "FINISHED")
+    assert search.main(["--report-only", *overrides]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    (ner_row,) = [r for r in rows if "lr-conll2003-tiny-none" in r]
+    assert f"| 1 | 0.0003 | best_dev_f1 | 0.5000 | {ner} |" in ner_row

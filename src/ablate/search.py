@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from ablate import config, tasks
+from ablate import config, report, tasks
 from ablate.errors import AblateError
 from ablate.tracking import MlflowClient, MlflowException
 
@@ -42,10 +42,11 @@ class Best:
     """The best trial of a study."""
 
     study: Study
-    trials: int  # finished trials
+    trials: int  # finished trials compared: those with the latest trial's settings
     lr: float | None
     value: float | None
     run_id: str | None
+    other_settings: int = 0  # finished trials of the same name run with other settings
 
 
 def split_freeze(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -94,20 +95,34 @@ def _runs(study: Study, filter_string: str):
     return client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=50000)
 
 
+def _recipe(run) -> dict[str, str]:
+    return {k: v for k, v in report.settings(run.data.params).items() if k != "trainer.lr"}
+
+
 def best(study: Study) -> Best:
-    """The finished trial of ``study`` with the highest objective, and how many finished."""
+    """The finished trial of ``study`` with the highest objective, and how many finished.
+
+    The study's name says only data, model and freeze option; trials run with other settings
+    (an earlier search with other epochs, say) are left out, as the latest trial's settings
+    decide, the way the report treats seeds.
+    """
     name = study.name.replace("'", "\\'")
     runs = _runs(study, f"tags.study = '{name}' and attributes.status = 'FINISHED'")
-    scored = [r for r in runs if study.metric in r.data.metrics]
+    scored = sorted(
+        (r for r in runs if study.metric in r.data.metrics), key=lambda r: r.info.start_time
+    )
     if not scored:
         return Best(study, 0, None, None, None)
-    top = max(scored, key=lambda r: r.data.metrics[study.metric])
+    latest = _recipe(scored[-1])
+    same = [r for r in scored if _recipe(r) == latest]
+    top = max(same, key=lambda r: r.data.metrics[study.metric])
     return Best(
         study,
-        len(scored),
+        len(same),
         float(top.data.params["trainer.lr"]),
         top.data.metrics[study.metric],
         top.info.run_id,
+        len(scored) - len(same),
     )
 
 
@@ -117,26 +132,32 @@ def all_studies(template: Study) -> list[Study]:
     found = {}
     for r in runs:
         name = r.data.tags.get("study")
-        if name and name not in found:
+        task = r.data.params.get("data.task")
+        if name and name not in found and task in tasks.TASKS:
             found[name] = Study(
                 r.data.params.get("freeze", "?"), name, template.uri, template.experiment,
-                template.metric,
+                f"best_dev_{tasks.get(task).primary_metric}",  # each study its task's objective
             )  # fmt: skip
     return [found[n] for n in sorted(found)]
 
 
 def table(rows: Sequence[Best]) -> str:
     """The best lr per option as a markdown table."""
-    metric = rows[0].study.metric if rows else "best_dev_accuracy"
     lines = [
-        f"| freeze | study | trials | best lr | {metric} | run |",
-        "|---|---|---|---|---|---|",
+        "| freeze | study | trials | best lr | objective | best value | run |",
+        "|---|---|---|---|---|---|---|",
     ]
     for b in rows:
         lr = f"{b.lr:.3g}" if b.lr is not None else "-"
         value = f"{b.value:.4f}" if b.value is not None else "-"
         run = b.run_id or "-"
-        lines.append(f"| {b.study.freeze} | {b.study.name} | {b.trials} | {lr} | {value} | {run} |")
+        trials = f"{b.trials}" + (
+            f" (+{b.other_settings} with other settings, not compared)" if b.other_settings else ""
+        )
+        lines.append(
+            f"| {b.study.freeze} | {b.study.name} | {trials} | {lr} | {b.study.metric} | {value} "
+            f"| {run} |"
+        )
     return "\n".join(lines)
 
 
