@@ -112,6 +112,9 @@ def test_tokenisation_cache_hits_on_the_second_job_and_is_invalidated(tmp_path, 
     other = model_lib.load_tokenizer(compose().model)
     other.add_tokens(["naijaword"])  # another vocabulary
     assert job(tok=other)[0] == "miss"
+    left = model_lib.load_tokenizer(compose().model)
+    left.truncation_side = "left"  # cuts over-long words from the other end
+    assert job(tok=left)[0] == "miss"
     assert job()[0] == "hit"
     assert job(on=False)[0] == "off"
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary files left

@@ -51,7 +51,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
             [tokenizer.get_vocab(), getattr(tokenizer, "do_lower_case", None)], sort_keys=True
         )
     specials = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
-    text = f"{type(tokenizer).__name__}\n{specials}\n{definition}"
+    # truncation_side lives on the Python tokenizer, not in the backend's definition
+    side = getattr(tokenizer, "truncation_side", None)
+    text = f"{type(tokenizer).__name__}\n{side}\n{specials}\n{definition}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
