@@ -166,15 +166,21 @@ def test_sst2_malformed_input_names_file_and_line(tmp_path):
 
 def test_sst2_held_out_test_is_deterministic_disjoint_and_a_tenth():
     train = readers.read_sst2(SST2 / "train.tsv")
-    rest, held = data.hold_out(train, 0.1, 42)
-    again_rest, again_held = data.hold_out(train, 0.1, 42)
+    text = lambda s: s.words  # noqa: E731
+    rest, held = data.hold_out(train, 0.1, 42, key=text)
+    again_rest, again_held = data.hold_out(train, 0.1, 42, key=text)
     assert held == again_held and rest == again_rest
-    assert len(held) == 6735 and len(rest) == 67349 - 6735  # 10 %, rounded up
-    # disjoint by row (train.tsv has 371 duplicate sentences, so rows, not strings)
+    # 10 %, rounded up, plus at most the repeats of the last text drawn
+    assert 6735 <= len(held) < 6735 + 10 and len(rest) == 67349 - len(held)
     rows_held, rows_rest = {s.lines for s in held}, {s.lines for s in rest}
     assert not rows_held & rows_rest and len(rows_held | rows_rest) == len(train)
+    # train.tsv repeats 371 of its sentences: a held-out text is never also a training text
+    assert len({s.words for s in train}) < len(train)
+    assert not {s.words for s in held} & {s.words for s in rest}
     assert [s.lines for s in held] == sorted(s.lines for s in held)  # file order kept
-    assert data.hold_out(train, 0.1, 7)[1] != held
+    assert data.hold_out(train, 0.1, 7, key=text)[1] != held
+    row_rest, row_held = data.hold_out(train, 0.1, 42)  # without a key, each row on its own
+    assert len(row_held) == 6735 and {s.words for s in row_held} & {s.words for s in row_rest}
     with pytest.raises(AblateError, match="test_from_train=1.5"):
         data.hold_out(train, 1.5, 42)
 

@@ -6,7 +6,7 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -220,23 +220,36 @@ def read_conllu(path: Path, lowercase: bool = False) -> list[Sentence]:
     return sentences
 
 
-def hold_out(items: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:
+def hold_out(
+    items: Sequence[T], fraction: float, seed: int, key: Callable[[T], Hashable] | None = None
+) -> tuple[list[T], list[T]]:
     """(rest, held out): a seeded random ``fraction`` of ``items`` (rounded up, as scikit-learn's
     ``train_test_split``), both in their original order.
 
-    The same items, fraction and seed always give the same split; the two parts are disjoint.
+    Items with the same ``key`` (e.g. the same text: GLUE's SST-2 train.tsv repeats 371 of its
+    sentences) go to the same side, so no held-out text is also trained on; the held-out part may
+    then be a few items over the fraction. The same items, fraction and seed always give the same
+    split.
     """
     if not 0 < fraction < 1:
         raise AblateError(f"data.test_from_train={fraction}: must be in (0, 1)")
     n_held = math.ceil(fraction * len(items))
-    if not 0 < n_held < len(items):
+    groups: dict[Hashable, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(i if key is None else key(item), []).append(i)
+    members = list(groups.values())
+    chosen = np.zeros(len(items), dtype=bool)
+    held = 0
+    for g in np.random.default_rng(seed).permutation(len(members)):
+        if held >= n_held:
+            break
+        chosen[members[g]] = True
+        held += len(members[g])
+    if not 0 < held < len(items):
         raise AblateError(
-            f"data.test_from_train={fraction}: holds out {n_held} of {len(items)} items; "
+            f"data.test_from_train={fraction}: holds out {held} of {len(items)} items; "
             f"both parts must be non-empty"
         )
-    held = np.random.default_rng(seed).permutation(len(items))[:n_held]
-    chosen = np.zeros(len(items), dtype=bool)
-    chosen[held] = True
     return (
         [x for x, c in zip(items, chosen, strict=True) if not c],
         [x for x, c in zip(items, chosen, strict=True) if c],

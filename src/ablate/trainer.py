@@ -186,7 +186,7 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     if cfg.data.test_from_train is not None:  # before max_train_sentences: one test set for all
         seed = cfg.data.split_seed
         sentences["train"], sentences["test"] = data.hold_out(
-            sentences["train"], cfg.data.test_from_train, seed
+            sentences["train"], cfg.data.test_from_train, seed, key=lambda s: s.words
         )
         held = f"{len(sentences['test'])} of {files.paths['train'].name}, data.split_seed={seed}"
         run.tags({"data.test": f"held out from train: {held}"})
