@@ -139,6 +139,9 @@ def test_conll_malformed_lines_name_file_and_line(tmp_path):
     bad.write_text("EU NNP I-NP ORG\n")
     with pytest.raises(AblateError, match=r"bad.txt:1: NER tag 'ORG'"):
         readers.read_conll2003(bad)
+    bad.write_text("EU NNP I-NP I-ORG\nfoo NN I-NP I-FOO\n")  # the file's tag, not its IOB2 form
+    with pytest.raises(AblateError, match=r"bad.txt:2: NER tag 'I-FOO': entity type 'FOO' is not"):
+        readers.read_conll2003(bad)
     bad.write_text("-DOCSTART- -X- O O\n\n")
     with pytest.raises(AblateError, match="no sentences"):
         readers.read_conll2003(bad)

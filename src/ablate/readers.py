@@ -47,8 +47,8 @@ def read_conll2003(path: Path, lowercase: bool = False) -> list[Sentence]:
 
     ``-DOCSTART-`` lines (document separators, alone in their block) are dropped, so the
     sentence counts are the published ones (train 14041, testa 3250, testb 3453). A line without
-    4 columns or with a tag that is neither ``O`` nor ``B-``/``I-`` is an error naming
-    ``file:line``; an empty file is an error.
+    4 columns, with a tag that is neither ``O`` nor ``B-``/``I-``, or with an entity type other
+    than PER, ORG, LOC, MISC is an error naming ``file:line``; an empty file is an error.
     """
     sentences = []
     for numbers, lines in _sentence_blocks(path):
@@ -65,6 +65,11 @@ def read_conll2003(path: Path, lowercase: bool = False) -> list[Sentence]:
             if not _TAG.match(columns[3]):
                 raise AblateError(
                     f"{path}:{number}: NER tag {columns[3]!r} is neither O nor B-<type>/I-<type>"
+                )
+            if columns[3] != "O" and columns[3][2:] not in ENTITY_TYPES:  # before IOB1 -> IOB2
+                raise AblateError(
+                    f"{path}:{number}: NER tag {columns[3]!r}: entity type {columns[3][2:]!r} is "
+                    f"not one of {', '.join(ENTITY_TYPES)}"
                 )
             words.append(columns[0].lower() if lowercase else columns[0])
             tags.append(columns[3])
