@@ -69,8 +69,10 @@ GOOD = "1\tdem\tdem\tPRON\t_\t_\t2\tnsubj\t_\t_"
         ),
         ([GOOD, GOOD.replace("1", "x", 1)], 2, "id 'x' is not a word id"),
         ([GOOD, GOOD.replace("1", "3", 1)], 2, "word id 3 where 2 was expected"),
+        ([GOOD.replace("\tdem\tdem", "\tdem  x\tdem  x")], 1, "a column holds two spaces in a row"),
+        ([GOOD, GOOD.replace("\t2\t", "\tx\t").replace("1", "2", 1)], "1-2", "Failed parsing"),
     ],
-    ids=["columns", "non-integer-id", "broken-sentence"],
+    ids=["columns", "non-integer-id", "broken-sentence", "double-space", "bad-head"],
 )
 def test_malformed_conllu_names_file_and_line(tmp_path, lines, bad_line, message):
     path = tmp_path / "broken.conllu"
@@ -78,7 +80,11 @@ def test_malformed_conllu_names_file_and_line(tmp_path, lines, bad_line, message
     text = good_sentence + "\n" + "\n".join(lines) + "\n"
     path.write_text(text, encoding="utf-8")
     offset = len(good_sentence.splitlines()) + 1  # the first sentence and its blank line
-    with pytest.raises(AblateError, match=rf"broken\.conllu:{offset + bad_line}: {message}"):
+    if isinstance(bad_line, str):  # a span: the sentence's lines
+        where = "-".join(str(offset + int(n)) for n in bad_line.split("-"))
+    else:
+        where = offset + bad_line
+    with pytest.raises(AblateError, match=rf"broken\.conllu:{where}: {message}"):
         data.read_conllu(path)
 
 

@@ -179,6 +179,11 @@ def _check_block(path: Path, numbers: list[int], lines: list[str]) -> None:
             raise AblateError(
                 f"{path}:{number}: {len(columns)} tab-separated columns; CoNLL-U lines have 10"
             )
+        if any("  " in column for column in columns):  # conllu splits columns there too
+            raise AblateError(
+                f"{path}:{number}: a column holds two spaces in a row, which the CoNLL-U parser "
+                f"reads as a column separator"
+            )
         match = _ID.match(columns[0])
         if not match:
             raise AblateError(
@@ -202,7 +207,10 @@ def read_conllu(path: Path, lowercase: bool = False) -> list[Sentence]:
     sentences = []
     for numbers, lines in _sentence_blocks(path):
         _check_block(path, numbers, lines)
-        (tokenlist,) = conllu.parse("\n".join(lines) + "\n\n")
+        try:
+            (tokenlist,) = conllu.parse("\n".join(lines) + "\n\n")
+        except conllu.exceptions.ParseException as exc:  # its message has no position
+            raise AblateError(f"{path}:{numbers[0]}-{numbers[-1]}: {exc}") from None
         # Ranges (3-4) and empty nodes (8.1) parse to tuples; only integer ids are words.
         words = [t for t in tokenlist if isinstance(t["id"], int)]
         word_lines = [
