@@ -362,6 +362,37 @@ def test_sst2_run_with_minilm_through_the_cli(task_root, store, tmp_path):
     assert row.dev_ci_low_pct <= row.dev_mean_pct <= row.dev_ci_high_pct
 
 
+def test_the_earlier_studies_presets(task_root, store, tmp_path):
+    """experiment=ner runs the NER study's grid (here on the tiny model); experiment=sst2 is the
+    SST-2 study's recipe."""
+    proc = run_cli(
+        "--multirun", "experiment=ner", "model=tiny", f"data.root={task_root}", *UNPIN,
+        "trainer.epochs=1", "data.max_train_sentences=40", f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    by = {r.data.params["freeze"]: r for r in runs}
+    assert sorted(by) == ["head_only", "lora_qkv", "none"]
+    assert all(r.info.status == "FINISHED" and r.data.params["data"] == "conll2003" for r in runs)
+    assert all(r.data.params["trainer.early_stopping_patience"] == "3" for r in runs)
+    hidden, labels_n = 32, len(readers.NER_TAGS)  # conf/model/tiny.yaml: hidden size 32
+    assert by["head_only"].data.metrics["trainable_params"] == hidden * labels_n + labels_n
+    lora = by["lora_qkv"].data.params
+    assert (lora["freeze.alpha"], lora["freeze.r"]) == ("32", "8")
+    assert lora["freeze.target_modules"] == "['query', 'key', 'value']"
+    n = {k: r.data.metrics["trainable_params"] for k, r in by.items()}
+    assert n["head_only"] < n["lora_qkv"] < n["none"]
+
+    sst2 = compose_cfg("experiment=sst2", "freeze=head_only")
+    assert (sst2.data.name, sst2.model.name, sst2.freeze.name) == (
+        "sst2", "distilbert_base_uncased", "head_only"
+    )  # fmt: skip
+    t = sst2.trainer
+    assert (t.epochs, t.batch_size, t.warmup_ratio, sst2.data.max_length) == (2, 32, 0.06, 128)
+
+
 # layer freezing: the MiniLM runs above (freeze=all)
 @pytest.mark.parametrize("option", ["bitfit", "llrd", "gradual", "lora"])
 def test_every_strategy_trains_a_sentence_classifier(task_root, store, option):

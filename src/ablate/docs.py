@@ -23,11 +23,6 @@ def _first_comment(path: Path) -> str:
 
 # Variants worth a row of their own: (option, extra overrides, what they change).
 VARIANTS = [
-    (
-        "all",
-        ["freeze.embeddings=true"],
-        "As `all`, and the embeddings frozen too: only the head trains.",
-    ),
     ("all", ["model.head=bilstm"], "As `all`, with a BiLSTM head between encoder and classifier."),
 ]
 

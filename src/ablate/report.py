@@ -34,8 +34,8 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 BASELINE = "none"
 # Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
 STRATEGY_ORDER = (
-    "none", "embeddings", "first2", "first4", "alt", "last2", "all",
-    "bitfit", "lora", "llrd", "gradual",
+    "none", "embeddings", "first2", "first4", "alt", "last2", "all", "head_only",
+    "bitfit", "lora", "lora_qkv", "llrd", "gradual",
 )  # fmt: skip
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
 LEVEL = 0.95
