@@ -118,6 +118,12 @@ def test_tokenisation_cache_hits_on_the_second_job_and_is_invalidated(tmp_path, 
     assert job()[0] == "hit"
     assert job(on=False)[0] == "off"
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary files left
+    for damage in (lambda b: b[:200], lambda b: b""):  # truncated, emptied: rebuilt, not a crash
+        for path in tmp_path.glob("*.npz"):
+            path.write_bytes(damage(path.read_bytes()))
+        state, rebuilt, _ = job()
+        assert state == "miss" and rebuilt == feats
+        assert job()[0] == "hit"
 
 
 def test_cache_files_hold_no_pickles_and_round_trip(tmp_path, features):

@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,8 @@ def encode_splits(
                 features[split] = load(path, counts)
                 outcome.append(True)
                 continue
-            except (OSError, ValueError, KeyError) as exc:  # damaged by hand: rebuild it
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                # damaged (truncated, emptied, edited by hand): rebuild it
                 log.warning("tokenised cache %s unreadable (%s); rebuilding it", path, exc)
         # the counts are cached too, so a hit reports what encoding found
         counts = {} if counts is None else counts
