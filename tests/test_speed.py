@@ -696,6 +696,40 @@ def test_bench_table_ratios_charge_the_prefix_cache_to_the_epochs():
     assert text.count("\n") == 2 + 3 * len(bench.ROWS)
 
 
+def test_bench_rates_come_from_mean_tokens_over_mean_time():
+    # two rounds of ablate, one much faster: tokens/s must agree with the mean train time
+    jobs = [fake_job("full", "plain", 10, 3, 0.9), fake_job("full", "plain", 10, 3, 0.9)]
+    jobs += [fake_job("full", "ablate", 1, 1, 0.9), fake_job("full", "ablate", 9, 1, 0.9)]
+    summary = bench.summarise(jobs, epochs=2, peak=1e10)
+    _, comparisons = bench.table(summary, ["full"], epochs=2, recipes=("ablate",))
+    assert comparisons["full.ablate.train_s_ratio"] == pytest.approx(0.5)
+    assert comparisons["full.ablate.tokens_per_s_ratio"] == pytest.approx(2.0)
+    assert summary[("full", "ablate")]["flops_pct"] == pytest.approx(10.0)  # 5 GFLOP / 5 s / 10
+
+
+def test_bench_nodrop_turns_off_every_dropout_of_the_architecture():
+    from transformers import DistilBertConfig, DistilBertForTokenClassification
+
+    overrides = bench.dropout_off("tiny")
+    cfg = compose("model=tiny", *overrides)
+    net = model_lib.build(cfg.model, AutoModelForTokenClassification, TASK.labels)
+    drops = [m.p for m in net.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and not any(drops)
+    keys = dict.fromkeys(bench.DROPOUT_KEYS["distilbert"], 0.0)
+    distil = DistilBertForTokenClassification(
+        DistilBertConfig(n_layers=1, dim=32, hidden_dim=64, n_heads=2, **keys)
+    )
+    drops = [m.p for m in distil.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and not any(drops)
+
+
+def test_bench_compares_pos_tagging_only(tmp_path):
+    with pytest.raises(AblateError, match=r"--data sst2: task 'sst2'; the bench compares POS"):
+        bench.main(
+            ["--data", "sst2", "--out", str(tmp_path), "--uri", f"sqlite:///{tmp_path}/m.db"]
+        )
+
+
 def test_bench_runs_its_jobs_and_logs_the_table_it_computed(tmp_path, store, monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # main() sets it for its jobs; restored after
     temp = tmp_path / "tmp"  # the bench's and its jobs' temporary folders

@@ -71,6 +71,11 @@ def _load(what: str, cfg: DictConfig, fn, *args, **kwargs):
         ) from exc
 
 
+def model_type(cfg: DictConfig) -> str:
+    """The architecture (``config.model_type``, e.g. ``bert``) of ``model.name_or_path``."""
+    return _load("config", cfg, AutoConfig.from_pretrained).model_type
+
+
 def load_tokenizer(cfg: DictConfig):
     """The model's (fast) tokenizer."""
     return _load("tokenizer", cfg, AutoTokenizer.from_pretrained, use_fast=True)
