@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from ablate import server
 from ablate.config import conf_dir
+from ablate.errors import AblateError
 
 FREEZES = ("none", "all", "first2", "first4")
 
@@ -136,3 +139,25 @@ def test_parallel_sweep_against_a_postgres_backed_server(team_server, slice_root
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert not (folder / "pg" / "postmaster.pid").exists()
+
+
+def test_server_start_refuses_a_taken_port_and_stop_spares_a_reused_pid(tmp_path):
+    with socket.socket() as taken:  # e.g. `make ui` on the same port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AblateError, match=rf"port {port} on 127.0.0.1 is taken"):
+            server.start(tmp_path, port, free_port(), db_url=f"sqlite:///{tmp_path}/m.db")
+    assert not (tmp_path / server.STATE).exists()  # nothing started, nothing recorded
+
+    # A record whose pid now belongs to another process (the server died, the pid was reused)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        record = {"mlflow_pid": other.pid, "mlflow_started": "1"}  # another start time
+        (tmp_path / server.STATE).write_text(json.dumps(record))
+        server.stop(tmp_path)
+        assert other.poll() is None  # left alone
+        assert not (tmp_path / server.STATE).exists()  # and the stale record is gone
+    finally:
+        other.kill()
+        other.wait()

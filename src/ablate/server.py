@@ -9,11 +9,13 @@ machine's PostgreSQL binaries — or uses ``--db-url`` for an existing database 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -99,6 +101,7 @@ def start(folder: Path, port: int, pg_port: int, db_url: str | None, timeout: fl
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / STATE).is_file():
         raise AblateError(f"{folder / STATE}: a server is already recorded; stop it first")
+    _check_port_free(port)
     state: dict = {"port": port}
     if db_url is None:
         db_url = start_postgres(folder, pg_port)
@@ -116,14 +119,46 @@ def start(folder: Path, port: int, pg_port: int, db_url: str | None, timeout: fl
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )  # fmt: skip
     state["mlflow_pid"] = proc.pid
+    state["mlflow_started"] = _started(proc.pid)
     (folder / STATE).write_text(json.dumps(state))
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(uri, timeout, proc)
+        if proc.poll() is not None:  # something else answered on the port
+            raise AblateError(f"mlflow server exited with code {proc.returncode}")
     except AblateError:
         stop(folder)
         raise
     return uri
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # as the server binds: a port left in TIME_WAIT is free, a listening one is not
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise AblateError(
+                f"port {port} on 127.0.0.1 is taken ({exc.strerror}; `make ui` uses it too?): "
+                f"choose another with --port (make server PORT=...)"
+            ) from None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name, or None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def _started(pid: int) -> str | None:
+    # the start time (clock ticks since boot) tells the recorded process from a later one that
+    # reuses its pid
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def _alive(pid: int) -> bool:
@@ -132,35 +167,48 @@ def _alive(pid: int) -> bool:
             return False
     except ChildProcessError:
         pass  # started by another process (make server): nothing to reap
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie has exited
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+        os.killpg(pid, sig)
 
 
 def stop(folder: Path) -> None:
-    """Stop the MLflow server and the PostgreSQL cluster recorded in ``folder``."""
+    """Stop the MLflow server and the PostgreSQL cluster recorded in ``folder``.
+
+    The server is signalled only if its pid still belongs to the process that ``start`` started
+    (same start time); a pid reused by another process is left alone.
+    """
     path = folder.resolve() / STATE
     if not path.is_file():
         return
     state = json.loads(path.read_text())
-    pid = state.get("mlflow_pid")
-    if pid and _alive(pid):
-        os.killpg(pid, signal.SIGTERM)  # the server and its workers share its session
-        deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _alive(pid):
-            os.killpg(pid, signal.SIGKILL)
-            while _alive(pid):
+    try:
+        pid = state.get("mlflow_pid")
+        recorded = state.get("mlflow_started")  # absent in records of older versions
+        ours = pid and _alive(pid) and recorded in (None, _started(pid))
+        if ours:
+            _signal_group(pid, signal.SIGTERM)  # the server and its workers share its session
+            deadline = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-    if state.get("pg_data"):
-        subprocess.run(
-            _as_postgres([pg_bin("pg_ctl"), "-D", state["pg_data"], "-m", "fast", "-w", "stop"]),
-            capture_output=True,
-        )
-    path.unlink()
+            if _alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 10
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        if state.get("pg_data"):
+            subprocess.run(
+                _as_postgres(
+                    [pg_bin("pg_ctl"), "-D", state["pg_data"], "-m", "fast", "-w", "stop"]
+                ),
+                capture_output=True,
+            )
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def main() -> None:
