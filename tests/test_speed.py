@@ -447,11 +447,12 @@ def test_cached_prefix_training_equals_uncached_training_without_dropout(feature
 @pytest.mark.parametrize(
     ("overrides", "why"),
     [
-        (["freeze=first4"], "the embeddings train"),
+        (["freeze=first4"], "embedding parameters train"),
         (["freeze=last2", "freeze.embeddings=true"], "block 0 trains"),
         (["freeze=gradual"], "changes what trains"),
         (["freeze=lora"], "adapter"),
-        (["freeze=none"], "the embeddings train"),
+        (["freeze=none"], "embedding parameters train"),
+        (["freeze=bitfit"], "embedding parameters train (layer strategies"),
     ],
 )
 def test_frozen_prefix_is_refused_where_something_below_it_trains(overrides, why):
@@ -463,7 +464,7 @@ def test_frozen_prefix_is_refused_where_something_below_it_trains(overrides, why
 def test_cache_frozen_off_or_invalid_leaves_the_model_alone(features, tokenizer):
     for overrides, tag in (
         (["freeze=first4", "freeze.embeddings=true"], "off"),
-        (["freeze=first4", "trainer.cache_frozen=true"], "not applied: the embeddings train"),
+        (["freeze=first4", "trainer.cache_frozen=true"], "not applied: embedding parameters train"),
     ):
         applied, cfg = build(*overrides)
         run = FakeRun()

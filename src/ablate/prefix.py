@@ -108,7 +108,7 @@ def frozen_prefix(applied) -> tuple[int, str | None]:
     if applied.param_groups is not None:
         return 0, "the strategy builds its own optimiser groups"
     if not applied.embeddings_frozen:
-        return 0, "the embeddings train (set freeze.embeddings=true)"
+        return 0, "embedding parameters train (layer strategies: freeze.embeddings=true)"
     frozen = set(applied.frozen_blocks)
     k = 0
     while k in frozen:
