@@ -572,6 +572,8 @@ def test_fast_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_i
     assert torch.equal(dropout.fast_dropout(x, 0.1), out)  # torch's seeded generator
     module = dropout.FastDropout(0.1)
     assert torch.equal(module.eval()(x), x) and torch.equal(dropout.FastDropout(0.0)(x), x)
+    for tiny in (1e-9, 1e-10, 1e-12):  # keep probability 1 - p, not 0, below 2^-32 too
+        assert (dropout.fast_dropout(x.detach(), tiny) != 0).float().mean() > 0.999999
 
 
 def test_fast_dropout_attention_is_the_masked_softmax_product_with_its_mask():

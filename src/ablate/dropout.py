@@ -28,7 +28,8 @@ _DRAWS = 2**31  # int32 random_() draws uniformly from [0, 2^31)
 def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     """``x`` with each element zeroed with probability ``p`` and the rest scaled by 1/(1-p)."""
     keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()
-    keep = keep < round((1.0 - p) * _DRAWS)
+    # capped: for p below 2^-32 the threshold would round to 2^31, past int32, and keep nothing
+    keep = keep < min(round((1.0 - p) * _DRAWS), _DRAWS - 1)
     # a float mask: its product's backward is one multiply (a bool mask took longer here)
     return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
 
