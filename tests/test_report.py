@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, run_cli, slice_overrides
 from mlflow.tracking import MlflowClient
 
-from ablate import report
+from ablate import charts, report
 from ablate.errors import AblateError
 
 CHART_FILES = [f"{name}.png" for name in report.CHARTS]
@@ -258,6 +258,9 @@ def test_strategy_order():
     ]  # fmt: skip
     assert report.primary_metric("pos") == "accuracy"
     assert report.primary_metric("no-such-task") == "accuracy"
+    # every strategy ablate knows, and any other, gets a colour of its own; the baseline black
+    colours = charts.palette([*report.STRATEGY_ORDER, "alpha", "zeta"])
+    assert len(set(colours.values())) == len(colours) and colours["none"] == charts.BASELINE_COLOR
 
 
 def test_notebook_runs_headless_on_the_same_module(grid, monkeypatch, tmp_path):
