@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,7 +16,7 @@ from conftest import NAIJA, ROOT, conllu_blocks, run_cli, slice_overrides, write
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from ablate import data, speed, tracking, trainer
+from ablate import data, procs, speed, tracking, trainer
 from ablate.config import conf_dir
 
 
@@ -155,6 +156,31 @@ def test_runs_without_a_heartbeat_from_another_host_are_killed_only_when_stale(
     assert client.get_run(run.info.run_id).info.status == (
         "KILLED" if beat_age_min > 30 else "RUNNING"
     )
+
+
+def test_a_quiet_run_of_a_live_process_on_this_host_is_kept_and_a_reused_pid_is_not(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp_id = tracking.prepare(store, "ablate")
+    client = MlflowClient(store)
+    here, pid = socket.gethostname(), os.getpid()
+    old_beat = f"{time.time() - 45 * 60:.0f}"  # quiet for 45 min: a long evaluation, say
+    tags = {"host": here, "ablate.pid": str(pid), "ablate.heartbeat": old_beat}
+    quiet = client.create_run(exp_id, tags={**tags, "ablate.pid_started": procs.started(pid)})
+    reused = client.create_run(exp_id, tags={**tags, "ablate.pid_started": "1"})  # another start
+    killed = tracking.mark_stale_runs(client, exp_id, stale_after_s=30 * 60)
+    assert killed == [reused.info.run_id]
+    assert client.get_run(quiet.info.run_id).info.status == "RUNNING"
+    reason = client.get_run(reused.info.run_id).data.tags["ablate.killed_reason"]
+    assert reason == f"process {pid} on {here} is gone"
+
+    child = subprocess.Popen(["sleep", "60"])
+    child_started = procs.started(child.pid)
+    assert procs.same(child.pid, child_started) and not procs.same(child.pid, "1")
+    child.kill()  # not waited for: an exited child that nobody reaped yet counts as gone
+    deadline = time.monotonic() + 10
+    while procs.alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not procs.alive(child.pid) and not procs.same(child.pid, child_started)
 
 
 def test_each_bad_input_is_one_named_error_and_no_run_is_left_running(slice_root, tmp_path):

@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ablate import procs
 from ablate.config import project_root
 from ablate.errors import AblateError
 
@@ -119,7 +120,7 @@ def start(folder: Path, port: int, pg_port: int, db_url: str | None, timeout: fl
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )  # fmt: skip
     state["mlflow_pid"] = proc.pid
-    state["mlflow_started"] = _started(proc.pid)
+    state["mlflow_started"] = procs.started(proc.pid)
     (folder / STATE).write_text(json.dumps(state))
     uri = f"http://127.0.0.1:{port}"
     try:
@@ -145,32 +146,6 @@ def _check_port_free(port: int) -> None:
             ) from None
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name, or None when there is no such process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()
-
-
-def _started(pid: int) -> str | None:
-    # the start time (clock ticks since boot) tells the recorded process from a later one that
-    # reuses its pid
-    fields = _stat(pid)
-    return fields[19] if fields else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child: reap it, or it stays a zombie
-            return False
-    except ChildProcessError:
-        pass  # started by another process (make server): nothing to reap
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"  # a zombie has exited
-
-
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):  # gone meanwhile
         os.killpg(pid, sig)
@@ -188,17 +163,15 @@ def stop(folder: Path) -> None:
     state = json.loads(path.read_text())
     try:
         pid = state.get("mlflow_pid")
-        recorded = state.get("mlflow_started")  # absent in records of older versions
-        ours = pid and _alive(pid) and recorded in (None, _started(pid))
-        if ours:
+        if pid and procs.same(pid, state.get("mlflow_started")):
             _signal_group(pid, signal.SIGTERM)  # the server and its workers share its session
             deadline = time.monotonic() + 10
-            while _alive(pid) and time.monotonic() < deadline:
+            while procs.alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _alive(pid):
+            if procs.alive(pid):
                 _signal_group(pid, signal.SIGKILL)
                 deadline = time.monotonic() + 10
-                while _alive(pid) and time.monotonic() < deadline:
+                while procs.alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.1)
         if state.get("pg_data"):
             subprocess.run(

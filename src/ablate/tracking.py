@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 
-from ablate import data
+from ablate import data, procs
 from ablate.config import project_root
 from ablate.errors import AblateError
 from ablate.report import latest_per_step
@@ -165,29 +165,25 @@ def environment() -> dict[str, str]:
     return tags
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def mark_stale_runs(client: MlflowClient, experiment_id: str, stale_after_s: float) -> list[str]:
     """Mark KILLED the RUNNING runs whose process died; return their ids.
 
-    Dead means: started on this host by a process that no longer exists, or (any host) no
-    heartbeat for ``stale_after_s`` seconds. A SIGKILL or a preemption leaves no other trace.
+    Dead means: started on this host by a process that no longer exists (or whose pid another
+    process now has: the start time differs), or (any host) no heartbeat for ``stale_after_s``
+    seconds. A SIGKILL or a preemption leaves no other trace. A run whose very process is still
+    alive on this host is never marked, however long it has been quiet (a long evaluation).
     """
     host, now, killed = socket.gethostname(), time.time(), []
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'"):
         tags = run.data.tags
         pid = int(tags.get("ablate.pid", "0") or 0)
         beat = float(tags.get("ablate.heartbeat", run.info.start_time / 1000))
-        if tags.get("host") == host and pid and not _alive(pid):
+        started = tags.get("ablate.pid_started")
+        here = tags.get("host") == host and pid
+        if here and not procs.same(pid, started):
             reason = f"process {pid} on {host} is gone"
+        elif here and started is not None and procs.started(pid) == started:
+            continue  # that very process runs
         elif now - beat > stale_after_s:
             reason = f"no heartbeat for {(now - beat) / 60:.0f} min"
         else:
@@ -349,6 +345,8 @@ def start_run(cfg: DictConfig) -> Iterator[Run]:
                 run.tags({"ablate.resumed": "true"})
             run.tags({**_git(), **_hydra_info(), **environment()})
             run.tags({"ablate.identity": ident, "ablate.pid": os.getpid()})
+            if (started := procs.started(os.getpid())) is not None:
+                run.tags({"ablate.pid_started": started})
             run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr search's study)
             run.heartbeat()
             yield run
