@@ -322,7 +322,14 @@ def start_run(cfg: DictConfig) -> Iterator[Run]:
     client = MlflowClient(tracking_uri=uri)
     ident = identity(cfg)
     resumed = latest_run(client, experiment_id, ident, "KILLED") if cfg.trainer.resume else None
+    this_process = {"ablate.pid": str(os.getpid()), "ablate.heartbeat": f"{time.time():.0f}"}
+    if (started := procs.started(os.getpid())) is not None:
+        this_process["ablate.pid_started"] = started
     if resumed is not None:
+        # before it is RUNNING again: a job starting meanwhile must not take the dead process's
+        # pid, still in its tags, for this run's and mark it KILLED
+        for key, value in this_process.items():
+            client.set_tag(resumed.info.run_id, key, value)
         opened = mlflow.start_run(run_id=resumed.info.run_id)
     else:
         opened = mlflow.start_run(experiment_id=experiment_id, run_name=run_name(cfg))
@@ -344,9 +351,7 @@ def start_run(cfg: DictConfig) -> Iterator[Run]:
             else:
                 run.tags({"ablate.resumed": "true"})
             run.tags({**_git(), **_hydra_info(), **environment()})
-            run.tags({"ablate.identity": ident, "ablate.pid": os.getpid()})
-            if (started := procs.started(os.getpid())) is not None:
-                run.tags({"ablate.pid_started": started})
+            run.tags({"ablate.identity": ident, **this_process})
             run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr search's study)
             run.heartbeat()
             yield run
