@@ -161,3 +161,21 @@ def test_server_start_refuses_a_taken_port_and_stop_spares_a_reused_pid(tmp_path
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_failed_server_start_leaves_no_postgres_running(monkeypatch):
+    folder = Path(tempfile.mkdtemp(prefix="ablate-server-"))
+    folder.chmod(0o755)  # the postgres user must reach it
+
+    def fail(*args, **kwargs):  # the MLflow server failing after PostgreSQL started
+        raise AblateError("mlflow server exited with code 1")
+
+    monkeypatch.setattr(server, "_start_mlflow", fail)
+    try:
+        with pytest.raises(AblateError, match="exited with code 1"):
+            server.start(folder, free_port(), free_port(), db_url=None)
+        assert (folder / "pg" / "PG_VERSION").is_file()  # it was created and started
+        assert not (folder / "pg" / "postmaster.pid").exists()  # and is stopped again
+        assert not (folder / server.STATE).exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

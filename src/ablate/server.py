@@ -76,8 +76,17 @@ def start_postgres(folder: Path, port: int) -> str:
         text=True,
     )
     if created.returncode != 0 and "already exists" not in created.stderr:
+        stop_postgres(str(data))  # nothing records it yet: do not leave it running
         raise AblateError(f"createdb failed: {created.stderr.strip()}")
     return f"postgresql+psycopg2://ablate@127.0.0.1:{port}/mlflow"
+
+
+def stop_postgres(data: str) -> None:
+    """Stop the local cluster in folder ``data`` (fast shutdown), if it runs."""
+    subprocess.run(
+        _as_postgres([pg_bin("pg_ctl"), "-D", data, "-m", "fast", "-w", "stop"]),
+        capture_output=True,
+    )
 
 
 def wait_healthy(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
@@ -107,6 +116,15 @@ def start(folder: Path, port: int, pg_port: int, db_url: str | None, timeout: fl
     if db_url is None:
         db_url = start_postgres(folder, pg_port)
         state["pg_data"] = str(folder / "pg")
+        (folder / STATE).write_text(json.dumps(state))  # stop() can stop it, whatever follows
+    try:
+        return _start_mlflow(folder, port, db_url, state, timeout)
+    except BaseException:
+        stop(folder)
+        raise
+
+
+def _start_mlflow(folder: Path, port: int, db_url: str, state: dict, timeout: float) -> str:
     (folder / "artifacts").mkdir(exist_ok=True)
     log = open(folder / "mlflow.log", "ab")  # noqa: SIM115  (the server outlives this function)
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -123,13 +141,9 @@ def start(folder: Path, port: int, pg_port: int, db_url: str | None, timeout: fl
     state["mlflow_started"] = procs.started(proc.pid)
     (folder / STATE).write_text(json.dumps(state))
     uri = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(uri, timeout, proc)
-        if proc.poll() is not None:  # something else answered on the port
-            raise AblateError(f"mlflow server exited with code {proc.returncode}")
-    except AblateError:
-        stop(folder)
-        raise
+    wait_healthy(uri, timeout, proc)
+    if proc.poll() is not None:  # something else answered on the port
+        raise AblateError(f"mlflow server exited with code {proc.returncode}")
     return uri
 
 
@@ -174,12 +188,7 @@ def stop(folder: Path) -> None:
                 while procs.alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.1)
         if state.get("pg_data"):
-            subprocess.run(
-                _as_postgres(
-                    [pg_bin("pg_ctl"), "-D", state["pg_data"], "-m", "fast", "-w", "stop"]
-                ),
-                capture_output=True,
-            )
+            stop_postgres(state["pg_data"])
     finally:
         path.unlink(missing_ok=True)
 
