@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.metadata
 import json
 import tempfile
 
@@ -87,7 +88,9 @@ def build(*overrides: str):
 # --- tokenisation cache -------------------------------------------------------------------------
 
 
-def test_tokenisation_cache_hits_on_the_second_job_and_is_invalidated(tmp_path, sentences):
+def test_tokenisation_cache_hits_on_the_second_job_and_is_invalidated(
+    tmp_path, sentences, monkeypatch
+):
     def job(max_length=128, tok=None, on=True):
         cfg = OmegaConf.create(
             {
@@ -115,6 +118,13 @@ def test_tokenisation_cache_hits_on_the_second_job_and_is_invalidated(tmp_path, 
     left = model_lib.load_tokenizer(compose().model)
     left.truncation_side = "left"  # cuts over-long words from the other end
     assert job(tok=left)[0] == "miss"
+    assert job()[0] == "hit"
+    installed = importlib.metadata.version
+    with monkeypatch.context() as m:  # another transformers release may tokenise differently
+        m.setattr(
+            importlib.metadata, "version", lambda p: "99.0" if p == "transformers" else installed(p)
+        )
+        assert job()[0] == "miss"
     assert job()[0] == "hit"
     assert job(on=False)[0] == "off"
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary files left

@@ -12,6 +12,7 @@ renamed, so parallel jobs never read half a file.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import inspect
 import json
 import logging
@@ -84,6 +85,8 @@ def key(
         "labels": sorted(label2id.items(), key=lambda kv: kv[1]),
         "max_length": max_length,
         "n": len(sentences),
+        # word_ids() and pre-split tokenisation come from these: an upgrade may change features
+        "versions": [importlib.metadata.version(p) for p in ("transformers", "tokenizers")],
     }
     digest.update(json.dumps(header, sort_keys=True).encode())
     for sentence in sentences:  # frozen dataclasses of tuples: a deterministic repr
