@@ -140,6 +140,23 @@ def test_identity_ignores_where_runs_go_but_not_what_they_compute(slice_root, tm
     train.write_text("\n".join(blocks[:-1]) + "\n", "utf-8")  # one sentence fewer
     assert tracking.identity(moved) != tracking.identity(first)
 
+    # An extra test file given relative to data.root: its content counts, not its name
+    shutil.copy(folder / train.name, train)  # the same treebank again
+    other = tmp_path / "other"  # a third root with the same treebank (slice_root stays as it is)
+    shutil.copytree(folder, other / "ud" / "UD_Naija-Slice")
+    extra = "zero-shot/UD_Other/x-ud-test.conllu"
+    for root in (other, copy):
+        (root / extra).parent.mkdir(parents=True)
+        shutil.copy(folder / "pcm_slice-ud-test.conllu", root / extra)
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        a, b = (
+            compose("train", overrides=[*slice_cfg, f"data.root={r}", f"data.extra_test=[{extra}]"])
+            for r in (other, copy)
+        )
+    assert tracking.identity(a) == tracking.identity(b)
+    (copy / extra).write_text("\n".join(conllu_blocks(copy / extra)[:-1]) + "\n", "utf-8")
+    assert tracking.identity(a) != tracking.identity(b)
+
 
 @pytest.mark.parametrize("beat_age_min", [5, 45])
 def test_runs_without_a_heartbeat_from_another_host_are_killed_only_when_stale(

@@ -228,6 +228,23 @@ def read_conllu(path: Path, lowercase: bool = False) -> list[Sentence]:
     return sentences
 
 
+def extra_test_paths(cfg: DictConfig) -> list[Path]:
+    """The ``data.extra_test`` files: each absolute, or relative to the working directory or to
+    ``data.root``; a missing one is an error."""
+    paths = []
+    for given in cfg.extra_test or []:
+        path = Path(given).expanduser()
+        if not path.is_absolute() and not path.is_file():
+            path = Path(cfg.root) / path
+        if not path.is_file():
+            raise AblateError(
+                f"data.extra_test: {given}: no such file (give it absolute, or relative to the "
+                f"working directory or to data.root={cfg.root})"
+            )
+        paths.append(path)
+    return paths
+
+
 def hold_out(
     items: Sequence[T], fraction: float, seed: int, key: Callable[[T], Hashable] | None = None
 ) -> tuple[list[T], list[T]]:

@@ -128,7 +128,7 @@ NOT_IDENTITY = (
 
 def identity(cfg: DictConfig) -> str:
     """sha256 of the resolved config without where-and-how keys, plus the sha256 of each data
-    split file: equal runs have equal identity.
+    split file and ``data.extra_test`` file: equal runs have equal identity.
 
     ``data.root`` is left out and the files' content counts instead: the same files elsewhere are
     the same run, and other files under the same config (an unpinned treebank folder, a user's
@@ -138,6 +138,10 @@ def identity(cfg: DictConfig) -> str:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     with contextlib.suppress(AblateError):  # fit raises it again, inside the run (FAILED, tagged)
         resolved["data_sha256"] = data.locate(cfg.data).sha256
+        extra = data.extra_test_paths(cfg.data)
+        resolved["data_sha256"].update(
+            {f"extra_test.{i}": data.sha256_of(p) for i, p in enumerate(extra)}
+        )
     for dotted in NOT_IDENTITY:
         *parents, leaf = dotted.split(".")
         node = resolved

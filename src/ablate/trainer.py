@@ -115,15 +115,7 @@ def read_extra_tests(cfg: DictConfig, task: tasks.Task) -> dict[str, list]:
             f"{able})"
         )
     found: dict[str, list] = {}
-    for given in paths:
-        path = Path(given).expanduser()
-        if not path.is_absolute() and not path.is_file():
-            path = Path(cfg.data.root) / path
-        if not path.is_file():
-            raise AblateError(
-                f"data.extra_test: {given}: no such file (give it absolute, or relative to the "
-                f"working directory or to data.root={cfg.data.root})"
-            )
+    for path in data.extra_test_paths(cfg.data):
         name = path.resolve().parent.name
         if name in found:
             raise AblateError(
