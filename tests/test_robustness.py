@@ -157,6 +157,28 @@ def test_identity_ignores_where_runs_go_but_not_what_they_compute(slice_root, tm
     (copy / extra).write_text("\n".join(conllu_blocks(copy / extra)[:-1]) + "\n", "utf-8")
     assert tracking.identity(a) != tracking.identity(b)
 
+    # A model folder counts by its content, not its path (each checkout has its own venv path);
+    # a randomly initialised model (tiny) by everything but its weights.
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        packaged = compose("train", overrides=["model=tiny"])
+        model_copy = tmp_path / "model"
+        shutil.copytree(
+            packaged.model.name_or_path, model_copy, ignore=shutil.ignore_patterns("*.safetensors")
+        )
+        moved, pretrained, pretrained_moved = (
+            compose("train", overrides=overrides)
+            for overrides in (
+                ["model=tiny", f"model.name_or_path={model_copy}"],
+                ["model=minilm"],
+                ["model=minilm", f"model.name_or_path={model_copy}"],
+            )
+        )
+    assert tracking.identity(moved) == tracking.identity(packaged)
+    assert tracking.identity(pretrained_moved) != tracking.identity(pretrained)  # no weights
+    config = model_copy / "config.json"
+    config.write_text(config.read_text().replace('"hidden_act": "gelu"', '"hidden_act": "relu"'))
+    assert tracking.identity(moved) != tracking.identity(packaged)
+
 
 @pytest.mark.parametrize("beat_age_min", [5, 45])
 def test_runs_without_a_heartbeat_from_another_host_are_killed_only_when_stale(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import socket
 import threading
 import urllib.parse
 from collections.abc import Sequence
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -14,6 +17,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 from transformers.modeling_outputs import TokenClassifierOutput
 
+from ablate import data
 from ablate.errors import AblateError
 from ablate.labels import IGNORE
 
@@ -55,6 +59,34 @@ def check_source(cfg: DictConfig) -> None:
             f"model.name_or_path={path!r} is a hub id, and the Hugging Face hub is not reachable "
             f"(offline?): download the model elsewhere and pass its folder, or use model=minilm"
         )
+
+
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack", ".onnx")
+
+
+def source_fingerprint(cfg: DictConfig) -> str:
+    """What ``model.name_or_path`` holds, not where: for a local folder, the sha256 of its files
+    (weights only when ``model.pretrained``: a random init reads only the config); a hub id as
+    given. The same model in another checkout (its own venv path) gives the same fingerprint."""
+    folder = Path(cfg.name_or_path).expanduser()
+    if not folder.is_dir():
+        return str(cfg.name_or_path)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and ".git" not in p.parts)
+    listing = [
+        (f.relative_to(folder).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
+        for f in files
+        if cfg.pretrained or f.suffix not in WEIGHT_FILES
+    ]
+    return _folder_digest(str(folder), tuple(listing))
+
+
+@functools.lru_cache(maxsize=8)
+def _folder_digest(folder: str, listing: tuple) -> str:
+    # cached by name, size and mtime: a job computes its identity twice (skip check, start)
+    digest = hashlib.sha256()
+    for name, _, _ in listing:
+        digest.update(f"{name}\n{data.sha256_of(Path(folder) / name)}\n".encode())
+    return digest.hexdigest()
 
 
 def _load(what: str, cfg: DictConfig, fn, *args, **kwargs):

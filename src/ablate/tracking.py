@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 
 from ablate import data, procs
+from ablate import model as model_lib
 from ablate.config import project_root
 from ablate.errors import AblateError
 from ablate.report import latest_per_step
@@ -132,10 +133,12 @@ def identity(cfg: DictConfig) -> str:
 
     ``data.root`` is left out and the files' content counts instead: the same files elsewhere are
     the same run, and other files under the same config (an unpinned treebank folder, a user's
-    slice) are not. The caches and the evaluation order are left out because they give the same
-    numbers (tested).
+    slice) are not. Likewise a local model folder counts by its content
+    (``model.source_fingerprint``), not its path. The caches and the evaluation order are left out
+    because they give the same numbers (tested).
     """
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["model"]["name_or_path"] = model_lib.source_fingerprint(cfg.model)
     with contextlib.suppress(AblateError):  # fit raises it again, inside the run (FAILED, tagged)
         resolved["data_sha256"] = data.locate(cfg.data).sha256
         extra = data.extra_test_paths(cfg.data)
