@@ -34,7 +34,7 @@ CONFIGS: dict[str, tuple[str, list[str], list[str]]] = {
     "full": ("full FT (freeze=none)", ["freeze=none"], []),
     # Dropout off in both recipes: without its random masks, which packing draws in other shapes,
     # ablate's training is plain's, so dev accuracy compares exactly (opt-in: --configs ...,nodrop)
-    "nodrop": ("full FT without dropout", ["freeze=none"], []),  # + DROPOUT_OFF for the model
+    "nodrop": ("full FT without dropout", ["freeze=none"], []),  # + dropout_off(the model)
     "first4": (
         "freeze=first4 + embeddings (ablate: cache_frozen)",
         ["freeze=first4", "freeze.embeddings=true"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import socket
@@ -72,20 +71,10 @@ def source_fingerprint(cfg: DictConfig) -> str:
     if not folder.is_dir():
         return str(cfg.name_or_path)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and ".git" not in p.parts)
-    listing = [
-        (f.relative_to(folder).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
-        for f in files
-        if cfg.pretrained or f.suffix not in WEIGHT_FILES
-    ]
-    return _folder_digest(str(folder), tuple(listing))
-
-
-@functools.lru_cache(maxsize=8)
-def _folder_digest(folder: str, listing: tuple) -> str:
-    # cached by name, size and mtime: a job computes its identity twice (skip check, start)
     digest = hashlib.sha256()
-    for name, _, _ in listing:
-        digest.update(f"{name}\n{data.sha256_of(Path(folder) / name)}\n".encode())
+    for f in files:
+        if cfg.pretrained or f.suffix not in WEIGHT_FILES:
+            digest.update(f"{f.relative_to(folder).as_posix()}\n{data.sha256_of(f)}\n".encode())
     return digest.hexdigest()
 
 

@@ -140,11 +140,11 @@ def identity(cfg: DictConfig) -> str:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["name_or_path"] = model_lib.source_fingerprint(cfg.model)
     with contextlib.suppress(AblateError):  # fit raises it again, inside the run (FAILED, tagged)
-        resolved["data_sha256"] = data.locate(cfg.data).sha256
-        extra = data.extra_test_paths(cfg.data)
-        resolved["data_sha256"].update(
-            {f"extra_test.{i}": data.sha256_of(p) for i, p in enumerate(extra)}
-        )
+        extra = enumerate(data.extra_test_paths(cfg.data))
+        resolved["data_sha256"] = {
+            **data.locate(cfg.data).sha256,
+            **{f"extra_test.{i}": data.sha256_of(path) for i, path in extra},
+        }
     for dotted in NOT_IDENTITY:
         *parents, leaf = dotted.split(".")
         node = resolved
@@ -189,8 +189,8 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str, stale_after_s: flo
         here = tags.get("host") == host and pid
         if here and not procs.same(pid, started):
             reason = f"process {pid} on {host} is gone"
-        elif here and started is not None and procs.started(pid) == started:
-            continue  # that very process runs
+        elif here and started is not None:
+            continue  # that very process runs (same pid and start time)
         elif now - beat > stale_after_s:
             reason = f"no heartbeat for {(now - beat) / 60:.0f} min"
         else:
