@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -64,6 +65,13 @@ def slice_overrides(slice_root: Path, store: str, out: Path) -> list[str]:
         f"hydra.run.dir={out}/run",
         f"hydra.sweep.dir={out}/sweep",
     ]
+
+
+def logged_runs(store: str, experiment: str = "ablate") -> list:
+    """Every run of ``experiment`` in the MLflow store ``store``, read with MlflowClient."""
+    client = MlflowClient(store)
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id]) if found else []
 
 
 def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_cli, slice_overrides
+from conftest import ROOT, logged_runs, run_cli, slice_overrides
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
@@ -349,7 +349,7 @@ def test_a_short_real_run_per_option(slice_root, store, tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    runs = logged_runs(store)
     by_option = {r.data.params["freeze"]: r for r in runs}
     assert sorted(by_option) == sorted(options.split(","))
     assert all(r.info.status == "FINISHED" for r in runs)
@@ -375,7 +375,7 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
     assert search.main([*overrides, "freeze=bitfit,lora"]) == 0
     table = capsys.readouterr().out
     client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    runs = logged_runs(store)
     assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
     studies: dict[str, list] = {}
     for r in runs:
@@ -400,7 +400,7 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
     assert search.main([*later, "freeze=bitfit"]) == 0
     row = capsys.readouterr().out.splitlines()[-1]
     (new,) = [
-        r for r in client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+        r for r in logged_runs(store)
         if r.data.params["data.max_train_sentences"] == "24"
     ]  # fmt: skip
     lr = float(new.data.params["trainer.lr"])

@@ -9,7 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, EWT, ROOT, conllu_blocks, run_cli, slice_overrides, write_treebank
+from conftest import (
+    DATA,
+    EWT,
+    ROOT,
+    conllu_blocks,
+    logged_runs,
+    run_cli,
+    slice_overrides,
+    write_treebank,
+)
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
@@ -340,8 +349,7 @@ def test_sst2_run_with_minilm_through_the_cli(task_root, store, tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FINISHED: dev accuracy" in proc.stderr + proc.stdout
-    client = MlflowClient(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    (run,) = logged_runs(store)
     m = run.data.metrics
     assert run.info.status == "FINISHED" and run.info.run_name == "sst2-all-minilm-s42"
     assert m["train_sentences"] == 270 and m["test_sentences"] == 30 and m["dev_sentences"] == 80
@@ -371,13 +379,13 @@ def test_the_earlier_studies_presets(task_root, store, tmp_path):
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("ablate").experiment_id])
+    runs = logged_runs(store)
     by = {r.data.params["freeze"]: r for r in runs}
     assert sorted(by) == ["head_only", "lora_qkv", "none"]
     assert all(r.info.status == "FINISHED" and r.data.params["data"] == "conll2003" for r in runs)
     assert all(r.data.params["trainer.early_stopping_patience"] == "3" for r in runs)
-    hidden, labels_n = 32, len(readers.NER_TAGS)  # conf/model/tiny.yaml: hidden size 32
+    hidden = compose_cfg("model=tiny").model.config_overrides.hidden_size
+    labels_n = len(readers.NER_TAGS)
     assert by["head_only"].data.metrics["trainable_params"] == hidden * labels_n + labels_n
     lora = by["lora_qkv"].data.params
     assert (lora["freeze.alpha"], lora["freeze.r"]) == ("32", "8")
