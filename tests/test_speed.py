@@ -151,11 +151,13 @@ def test_cache_files_hold_no_pickles_and_round_trip(tmp_path, features):
 
 def make_trainer(tmp_path, model, train, dev, tokenizer, sorted_eval=True, *overrides):
     cfg = compose(*overrides)
+    args = training_arguments(cfg, str(tmp_path))
     return speed.AblateTrainer(
         sorted_eval=sorted_eval,
         length_grouping=cfg.trainer.length_grouping,
+        round_shapes=speed.round_shapes(cfg.trainer, args),
         model=model,
-        args=training_arguments(cfg, str(tmp_path)),
+        args=args,
         train_dataset=train,
         eval_dataset=dev,
         data_collator=speed.CountingCollator(DataCollatorForTokenClassification(tokenizer)),
@@ -218,6 +220,14 @@ def test_split_batches_hold_every_row_once_and_give_the_same_gradient(
     )
     assert rows == sorted(tuple(f["input_ids"]) for f in (train[i] for i in range(0, 80, 5)))
     assert sum(p["input_ids"].numel() for p in parts) < batch["input_ids"].numel()
+    # trainer.round_shapes: each part's width a multiple of the quantum, the labels padded
+    rounded = speed.split_by_length(batch, cost=8, quantum=speed.SHAPE_WIDTH)
+    assert all(p["input_ids"].size(1) % speed.SHAPE_WIDTH == 0 for p in rounded)
+    assert sum(int((p["labels"] != labels.IGNORE).sum()) for p in rounded) == int(
+        (batch["labels"] != labels.IGNORE).sum()
+    )
+    whole = speed.split_by_length(batch, cost=10**6, quantum=speed.SHAPE_WIDTH)
+    assert len(whole) == 1 and whole[0]["input_ids"].size(1) % speed.SHAPE_WIDTH == 0
 
     trainer = make_trainer(
         tmp_path, model, train, train[:1], tokenizer, True, "trainer.length_grouping=split"
@@ -284,9 +294,9 @@ def test_packed_rows_hold_every_token_once_and_give_each_window_its_own_logits(
     assert speed.pack_rows({**batch, "attention_mask": batch["attention_mask"].flip(1)}) is None
 
 
-@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("cached, rounded", [(False, False), (True, False), (False, True)])
 def test_packed_training_step_gives_the_padded_batch_gradient(
-    tmp_path, cached, features, tokenizer
+    tmp_path, cached, rounded, features, tokenizer
 ):
     freezing = ["freeze=first4", "freeze.embeddings=true"] if cached else []  # else full FT
     applied, _ = build(*freezing, *NO_DROPOUT)
@@ -295,9 +305,16 @@ def test_packed_training_step_gives_the_padded_batch_gradient(
     if cached:
         model = prefix.PrefixCached(model, 4, prefix.compute(model, 4, train, 16))
         train = [{**f, "prefix_index": i} for i, f in enumerate(train)]
-    trainer = make_trainer(tmp_path, model, train, train[:1], tokenizer)
+    rounding = f"trainer.round_shapes={str(rounded).lower()}"
+    trainer = make_trainer(tmp_path, model, train, train[:1], tokenizer, True, rounding)
     assert trainer.pack and trainer.packing_unsupported is None
     batch = trainer.data_collator([train[i] for i in range(0, 80, 5)])
+    if rounded:  # a batch whose rounded layout adds empty rows: padding-only rows change nothing
+        batch = next(
+            b
+            for b in (trainer.data_collator(train[i : i + 5]) for i in range(0, 100, 5))
+            if [] in speed.pack_layout(b["attention_mask"].sum(1).tolist(), speed.SHAPE_WIDTH)[0]
+        )
     n_items = (batch["labels"] != labels.IGNORE).sum()
     results = []
     for pack in (True, False):
@@ -308,12 +325,21 @@ def test_packed_training_step_gives_the_padded_batch_gradient(
         loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=n_items)
         loss.backward()
         grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
-        results.append((loss.detach(), grads, trainer.stats.real, trainer.stats.padded))
-    (loss, grads, real, padded), (plain_loss, plain_grads, plain_real, plain_padded) = results
+        stats = trainer.stats
+        results.append((loss.detach(), grads, stats.real, stats.padded, stats.shapes))
+    (loss, grads, real, padded, shapes), (plain_loss, plain_grads, plain_real, plain_padded, _) = (
+        results
+    )
     torch.testing.assert_close(loss, plain_loss, atol=1e-6, rtol=1e-5)
     for a, b in zip(grads, plain_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
-    assert real == plain_real and padded < plain_padded / 2  # the rows it computed
+    assert real == plain_real  # the rows it computed hold every token
+    if not rounded:
+        assert padded < plain_padded / 2
+        return
+    [(rows, width)], (batch_rows, batch_width) = shapes, batch["labels"].shape
+    assert width % speed.SHAPE_WIDTH == 0 and rows % max(1, speed.SHAPE_TOKENS // width) == 0
+    assert (rows, width) != (batch_rows, batch_width)  # computed as packed, not as collated
 
 
 def test_pack_layout_takes_fewer_wider_rows_when_they_cost_less():
@@ -327,6 +353,47 @@ def test_pack_layout_takes_fewer_wider_rows_when_they_cost_less():
     assert sorted(i for b in bins for i in b) == list(range(6))
     # windows that already fill rows of the longest width keep that width
     assert speed.pack_layout([40, 20, 20, 10, 30]) == ([[0], [4, 3], [1, 2]], 40)
+
+
+def test_rounded_pack_layouts_hold_every_window_once_in_few_shapes():
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(3, 90, 16).tolist() for _ in range(300)]
+    shapes = {False: set(), True: set()}
+    for lengths in batches:
+        for rounded in (False, True):
+            bins, width = speed.pack_layout(lengths, speed.SHAPE_WIDTH if rounded else None)
+            assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+            assert all(sum(lengths[i] for i in b) <= width for b in bins)
+            shapes[rounded].add((len(bins), width))
+            if rounded:
+                assert width % speed.SHAPE_WIDTH == 0
+                assert len(bins) % max(1, speed.SHAPE_TOKENS // width) == 0
+    assert len(shapes[True]) * 4 < len(shapes[False])
+
+
+def test_round_shapes_is_on_for_bf16_on_cpu_unless_set(tmp_path, features, tokenizer):
+    for overrides, expected in [
+        ((), False),  # fp32: MKL has no per-shape cost, rounding would only pad
+        (("trainer.bf16=true",), True),
+        (("trainer.bf16=true", "trainer.round_shapes=false"), False),
+        (("trainer.round_shapes=true",), True),
+    ]:
+        if "trainer.bf16=true" in overrides and not speed._cpu_bf16():
+            continue  # training_arguments refuses bf16 on such a CPU (tested above)
+        cfg = compose(*overrides)
+        args = training_arguments(cfg, str(tmp_path))
+        assert speed.round_shapes(cfg.trainer, args) is expected, overrides
+    model, dev = build()[0].model, features["dev"]
+    tags = {
+        grouping: make_trainer(
+            tmp_path, model, None, dev, tokenizer, True,
+            "trainer.round_shapes=true", f"trainer.length_grouping={grouping}",
+        ).rounding
+        for grouping in ("pack", "off")
+    }  # fmt: skip
+    assert tags["pack"].startswith(f"training widths in multiples of {speed.SHAPE_WIDTH}")
+    assert tags["off"] == "not applied: length_grouping=off (pack and split only)"
+    assert make_trainer(tmp_path, model, None, dev, tokenizer).rounding == "off"
 
 
 def test_models_pack_cannot_take_fall_back_to_split_batches(tmp_path, features, tokenizer):

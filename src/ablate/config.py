@@ -157,6 +157,9 @@ class TrainerConfig:
     sorted_eval: bool = True  # dev/test in length order, inference mode; predictions keep order
     cache_frozen: bool = False  # frozen embeddings + blocks 0..k-1 computed once (no dropout there)
     bf16: bool | None = None  # bf16 autocast; null = on for a GPU that has it, off on CPU
+    # batch widths in multiples of 32 so shapes recur (oneDNN's bf16 kernels are built per shape);
+    # null = on for bf16 on a CPU
+    round_shapes: bool | None = None
     tf32: bool = True  # GPU only: TF32 matmuls
     pin_memory: bool = True  # GPU only: pinned host memory for batches
     measure_flops: bool = False  # log executed training FLOPs (a FlopCounterMode probe)

@@ -48,6 +48,7 @@ _FREE_PARAMS = (
     "trainer.threads", "trainer.eval_batch_size", "data.tokenized_cache", "trainer.measure_flops",
     "trainer.sorted_eval", "trainer.pin_memory", "trainer.fused_adamw", "trainer.embedding_rows",
     "trainer.fast_dropout",  # other dropout masks, the same distribution: like another seed
+    "trainer.round_shapes",  # padding only (packed rows draw other dropout masks)
 )  # fmt: skip
 _RUN_METRICS = {
     "trainable_params": "trainable_params",

@@ -22,6 +22,8 @@
 - ``trainer.bf16`` (null = on for a GPU that has it, off on CPU; ``true`` on a CPU with AVX-512
   BF16/AMX is opt-in: it changes the numerics), ``trainer.tf32`` and ``trainer.pin_memory``
   (GPU only).
+- ``trainer.round_shapes`` (null = on for bf16 on a CPU): packed and split training batches in
+  few shapes, since oneDNN builds its bf16 matmul kernels per shape (``SHAPE_WIDTH``).
 
 ``SpeedMeter`` logs per epoch the real (non-pad) training tokens, their rate, the padding share
 and the dev evaluation time; with ``trainer.measure_flops`` also the training FLOPs.
@@ -65,6 +67,13 @@ SUB_BATCH_REFERENCE_PARAMS = 1.77e6
 # dropout). In a MiniLM training step on CPU here the attention per slot matched a token's work
 # at W ~ 250: ``pack_layout`` weighs each row's slots by 1 + W / this.
 PACK_ATTENTION_WIDTH = 250
+# bf16 on CPU: oneDNN builds a matmul kernel for each new matrix shape (~3 ms for AMX here, ten
+# times the product itself at ~300 tokens), and packed or padded batches rarely repeat a shape.
+# ``trainer.round_shapes`` pads widths to a multiple of SHAPE_WIDTH and packs rows narrower than
+# SHAPE_TOKENS in groups filling that many tokens, so a handful of shapes recur all epoch.
+# fp32 (MKL) has no such cost, so there it would only add padding.
+SHAPE_WIDTH = 32
+SHAPE_TOKENS = 128
 
 
 def training_kwargs(
@@ -102,6 +111,17 @@ def training_kwargs(
     if cuda and t.tf32 and tf32_ok:
         kwargs["tf32"] = True
     return kwargs
+
+
+def round_shapes(t: DictConfig, args) -> bool:
+    """``trainer.round_shapes`` for TrainingArguments ``args``: null = on for bf16 on a CPU."""
+    if t.round_shapes is not None:
+        return bool(t.round_shapes)
+    return bool(args.bf16) and args.device.type == "cpu"
+
+
+def _round_up(n: int, quantum: int | None) -> int:
+    return n if not quantum else -(-n // quantum) * quantum
 
 
 def _cpu_bf16() -> bool:
@@ -159,17 +179,26 @@ def _right_padded(inputs: Mapping) -> tuple[torch.Tensor | None, torch.Tensor | 
     return mask, lengths
 
 
-def split_by_length(inputs: Mapping, cost: int | None = None) -> list[dict] | None:
+def split_by_length(
+    inputs: Mapping, cost: int | None = None, quantum: int | None = None
+) -> list[dict] | None:
     """The rows of a right-padded batch as sub-batches of similar length, each cropped to its
     longest row; the partition minimises padded tokens + ``cost`` per sub-batch. None when
-    splitting would not save anything (or the batch is not right-padded)."""
+    splitting would not save anything (or the batch is not right-padded).
+
+    With ``quantum`` (``trainer.round_shapes``) every part's width is a multiple of it (the batch
+    is padded first), and a batch that does not split is returned padded, as one part.
+    """
     cost = SUB_BATCH_COST if cost is None else cost
     mask, lengths = _right_padded(inputs)
     if mask is None:
         return None
+    if quantum:
+        inputs = _pad_width(inputs, _round_up(mask.size(1), quantum))
+        mask = inputs["attention_mask"]
     rows, width = mask.shape
     order = torch.argsort(lengths, stable=True)
-    ls = lengths[order].tolist()
+    ls = [_round_up(n, quantum) for n in lengths[order].tolist()]
     # best[j]: cheapest split of the j shortest rows; an O(rows^2) dynamic programme
     best, cut = [0] + [float("inf")] * rows, [0] * (rows + 1)
     for j in range(1, rows + 1):
@@ -178,7 +207,7 @@ def split_by_length(inputs: Mapping, cost: int | None = None) -> list[dict] | No
             if value < best[j]:
                 best[j], cut[j] = value, i
     if best[rows] >= rows * width + cost:
-        return None
+        return [dict(inputs)] if quantum else None
     bounds, j = [], rows
     while j > 0:
         bounds.append((cut[j], j))
@@ -195,6 +224,20 @@ def split_by_length(inputs: Mapping, cost: int | None = None) -> list[dict] | No
             part[key] = value
         parts.append(part)
     return parts
+
+
+def _pad_width(inputs: Mapping, width: int) -> dict:
+    """Right-pad every per-token tensor of a (B, L) batch to ``width`` (labels with IGNORE)."""
+    rows, length = inputs["attention_mask"].shape
+    padded = {}
+    for key, value in inputs.items():
+        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[:2] == (rows, length):
+            extra = value.new_full(
+                (rows, width - length, *value.shape[2:]), IGNORE if key == "labels" else 0
+            )
+            value = torch.cat([value, extra], dim=1)
+        padded[key] = value
+    return padded
 
 
 def _task_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -235,49 +278,68 @@ def _first_fit_decreasing(lengths: list[int], width: int) -> list[list[int]]:
     return bins
 
 
-def pack_layout(lengths: list[int]) -> tuple[list[list[int]], int]:
+def _pack_cost(rows: int, width: int) -> float:
+    return rows * width * (1 + width / PACK_ATTENTION_WIDTH)
+
+
+def pack_layout(lengths: list[int], quantum: int | None = None) -> tuple[list[list[int]], int]:
     """(rows of window indices, row width) for windows of ``lengths``: first-fit decreasing into
     the cheapest width, a row of width W costing W x (1 + W / PACK_ATTENTION_WIDTH).
 
     Rows of the longest window's width leave its remainder as padding in the last row; a few
     slightly wider rows can hold the same windows with less padding and less attention.
+    With ``quantum`` (``trainer.round_shapes``) the width is a multiple of it, and rows narrower
+    than ``SHAPE_TOKENS`` come in groups of ``SHAPE_TOKENS // width`` (empty rows added), so
+    few row counts occur.
     """
+    if quantum:
+        return _rounded_layout(lengths, quantum)
     total, longest = sum(lengths), max(lengths)
-
-    def cost(rows: int, width: int) -> float:
-        return rows * width * (1 + width / PACK_ATTENTION_WIDTH)
-
     bins = _first_fit_decreasing(lengths, longest)
-    best = (cost(len(bins), longest), bins, longest)
+    best = (_pack_cost(len(bins), longest), bins, longest)
     for rows in range(len(bins) - 1, 0, -1):  # fewer, wider rows
         width = max(longest, -(-total // rows))
-        if cost(rows, width) >= best[0]:  # and fewer rows only get wider
+        if _pack_cost(rows, width) >= best[0]:  # and fewer rows only get wider
             break
         bins = _first_fit_decreasing(lengths, width)
-        while len(bins) > rows and cost(rows, width + 1) < best[0]:
+        while len(bins) > rows and _pack_cost(rows, width + 1) < best[0]:
             width += 1
             bins = _first_fit_decreasing(lengths, width)
         if len(bins) <= rows:
-            best = (cost(len(bins), width), bins, width)
+            best = (_pack_cost(len(bins), width), bins, width)
     return best[1], best[2]
 
 
-def pack_rows(inputs: Mapping, attention: str = "sdpa") -> dict | None:
-    """A right-padded (B, L) batch packed into R < B rows of width W >= L (``pack_layout``).
+def _rounded_layout(lengths: list[int], quantum: int) -> tuple[list[list[int]], int]:
+    best: tuple[float, list[list[int]], int] | None = None
+    width = _round_up(max(lengths), quantum)
+    while True:
+        bins = _first_fit_decreasing(lengths, width)
+        rows = _round_up(len(bins), max(1, SHAPE_TOKENS // width))
+        if best is None or _pack_cost(rows, width) < best[0]:
+            best = (_pack_cost(rows, width), bins + [[] for _ in range(rows - len(bins))], width)
+        if len(bins) == 1:  # wider rows only add padding
+            return best[1], best[2]
+        width += quantum
+
+
+def pack_rows(inputs: Mapping, attention: str = "sdpa", quantum: int | None = None) -> dict | None:
+    """A right-padded (B, L) batch packed into R rows of width W >= L (``pack_layout``, which
+    ``quantum`` is passed to), R x W < B x L unless ``quantum`` is given.
 
     Per-token tensors are gathered into the rows (labels padded with -100), ``position_ids``
     restart at 0 for every window, and ``attention_mask`` becomes a (R, 1, W, W) block-diagonal
     mask (bool for sdpa, additive for eager) so no token sees another window; ``_source`` (to pop
     before the forward) holds each slot's flat index into the batch's (B x L) positions, B x L for
-    padding. None when the batch is not right-padded or packing would not drop a row.
+    padding. None when the batch is not right-padded or packing would not save a slot.
     """
     mask, lengths = _right_padded(inputs)
     if mask is None:
         return None
     rows, width = mask.shape
     ls = lengths.tolist()
-    bins, packed_width = pack_layout(ls)
-    if len(bins) == rows:
+    bins, packed_width = pack_layout(ls, quantum)
+    if len(bins) * packed_width >= rows * width and not quantum:  # rounded: a shape seen before
         return None
     pad_slot = rows * width  # one extra slot holding each key's padding value
     shape = (len(bins), packed_width)
@@ -394,9 +456,19 @@ class AblateTrainer(Trainer):
     across runs), so evaluation here is always sequential, or sorted and put back in order.
     """
 
-    def __init__(self, *args, sorted_eval: bool = True, length_grouping: str = "pack", **kwargs):
+    def __init__(
+        self,
+        *args,
+        sorted_eval: bool = True,
+        length_grouping: str = "pack",
+        round_shapes: bool = False,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.sorted_eval = sorted_eval
+        # trainer.round_shapes: packed and split training batches in few shapes (SHAPE_WIDTH).
+        # Evaluation keeps its widths: the same dev batches recur every epoch.
+        self.quantum = SHAPE_WIDTH if round_shapes else None
         self._keep_evaluation = False
         self.last_evaluation: tuple[int, EvalLoopOutput] | None = None  # (global step, output)
         self.packing_unsupported = None
@@ -413,6 +485,18 @@ class AblateTrainer(Trainer):
             self.stats.by_trainer = True  # count the rows computed, not the collated batch
 
     @property
+    def rounding(self) -> str:
+        """The ``speed.round_shapes`` tag."""
+        if self.quantum is None:
+            return "off"
+        if not (self.pack or self.split):
+            return f"not applied: length_grouping={self.length_grouping} (pack and split only)"
+        return (
+            f"training widths in multiples of {self.quantum}; packed rows narrower than "
+            f"{SHAPE_TOKENS} in groups of {SHAPE_TOKENS} tokens"
+        )
+
+    @property
     def pack(self) -> bool:
         return self.length_grouping == "pack"
 
@@ -423,7 +507,9 @@ class AblateTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.pack and model.training and not return_outputs:
             packed = pack_rows(
-                _prefix_hidden(model, inputs), _task_model(model).config._attn_implementation
+                _prefix_hidden(model, inputs),
+                _task_model(model).config._attn_implementation,
+                self.quantum,
             )
             if packed is not None:
                 source = packed.pop("_source")
@@ -448,7 +534,7 @@ class AblateTrainer(Trainer):
                 ids = inputs["input_ids"]
                 inputs = {k: v for k, v in inputs.items() if k != "input_ids"}
                 inputs["inputs_embeds"] = words(ids)
-            parts = split_by_length(inputs, self.sub_batch_cost)
+            parts = split_by_length(inputs, self.sub_batch_cost, self.quantum)
         if parts is None:
             if self.stats is not None and self.stats.by_trainer and model.training:
                 self.stats.add(inputs)

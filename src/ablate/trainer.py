@@ -225,12 +225,14 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
     rows_callbacks = embedding_rows.wrap(cfg, applied, model, features["train"], run)
     with _checkpoint_folder() as output_dir:
         epochs = tracking.EpochLogger(run, task.primary_metric, task.epoch_metrics)
+        args = training_arguments(cfg, output_dir)
         collator = speed.CountingCollator(task.collator(tokenizer))
         trainer = speed.AblateTrainer(
             sorted_eval=cfg.trainer.sorted_eval,
             length_grouping=cfg.trainer.length_grouping,
+            round_shapes=speed.round_shapes(cfg.trainer, args),  # bf16 on CPU: few batch shapes
             model=model,
-            args=training_arguments(cfg, output_dir),
+            args=args,
             train_dataset=train_set,
             eval_dataset=features["dev"],
             data_collator=collator,
@@ -253,7 +255,13 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         grouping = trainer.length_grouping
         if trainer.packing_unsupported:
             grouping += f" (pack: {trainer.packing_unsupported})"
-        run.tags({"ablate.checkpoint_dir": output_dir, "speed.length_grouping": grouping})
+        run.tags(
+            {
+                "ablate.checkpoint_dir": output_dir,
+                "speed.length_grouping": grouping,
+                "speed.round_shapes": trainer.rounding,
+            }
+        )
         train_out = trainer.train(resume_from_checkpoint=_resume_checkpoint(run))
     for folder, write in applied.artifacts.items():  # e.g. the LoRA adapter, not the whole model
         with tempfile.TemporaryDirectory() as tmp:
