@@ -12,7 +12,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli, slice_overrides
+from conftest import logged_runs, run_cli, slice_overrides
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from transformers import (
@@ -851,6 +851,27 @@ def test_bench_runs_its_jobs_and_logs_the_table_it_computed(tmp_path, store, mon
 # --- a real sweep -------------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(not speed._cpu_bf16(), reason="this CPU has no bf16 (AVX-512 BF16 / AMX)")
+def test_real_bf16_runs_train_on_rounded_batch_shapes(slice_root, store, tmp_path):
+    proc = run_cli(
+        "--multirun",
+        *slice_overrides(slice_root, store, tmp_path),
+        "trainer.bf16=true",
+        "trainer.round_shapes=null,false",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {r.data.params["trainer.round_shapes"]: r for r in logged_runs(store)}
+    assert {k: r.info.status for k, r in runs.items()} == {"None": "FINISHED", "False": "FINISHED"}
+    assert (
+        runs["None"]
+        .data.tags["speed.round_shapes"]
+        .startswith(f"training widths in multiples of {speed.SHAPE_WIDTH}")
+    )
+    assert runs["False"].data.tags["speed.round_shapes"] == "off"
+    padding = {k: r.data.metrics["padding_pct"] for k, r in runs.items()}
+    assert padding["None"] > padding["False"] > 0  # the rounded rows' extra padding
+
+
 def test_real_sweep_reuses_tokenisation_and_trains_on_the_cached_prefix(
     slice_root, store, tmp_path
 ):
@@ -875,6 +896,7 @@ def test_real_sweep_reuses_tokenisation_and_trains_on_the_cached_prefix(
         assert run.data.tags["speed.cache_frozen"] == "embeddings + blocks 0-3"
         assert dropout.ATTENTION in run.data.tags["speed.fast_dropout"]
         assert run.data.tags["speed.length_grouping"] == "pack"  # with that attention too
+        assert run.data.tags["speed.round_shapes"] == "off"  # fp32: rounding would only pad
         m = run.data.metrics
         assert m["cache_frozen_time_s"] > 0 and m["train_tokens_per_s"] > 0
         assert m["dev_eval_time_s"] > 0 and 0 <= m["dev_accuracy"] <= 1
