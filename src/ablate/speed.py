@@ -311,16 +311,18 @@ def pack_layout(lengths: list[int], quantum: int | None = None) -> tuple[list[li
 
 
 def _rounded_layout(lengths: list[int], quantum: int) -> tuple[list[list[int]], int]:
+    total, width = sum(lengths), _round_up(max(lengths), quantum)
     best: tuple[float, list[list[int]], int] | None = None
-    width = _round_up(max(lengths), quantum)
-    while True:
+    # rows x W >= total, so width W costs at least total x (1 + W / PACK_ATTENTION_WIDTH)
+    while best is None or total * (1 + width / PACK_ATTENTION_WIDTH) < best[0]:
         bins = _first_fit_decreasing(lengths, width)
         rows = _round_up(len(bins), max(1, SHAPE_TOKENS // width))
         if best is None or _pack_cost(rows, width) < best[0]:
             best = (_pack_cost(rows, width), bins + [[] for _ in range(rows - len(bins))], width)
         if len(bins) == 1:  # wider rows only add padding
-            return best[1], best[2]
+            break
         width += quantum
+    return best[1], best[2]
 
 
 def pack_rows(inputs: Mapping, attention: str = "sdpa", quantum: int | None = None) -> dict | None:
