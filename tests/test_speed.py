@@ -389,9 +389,10 @@ def test_round_shapes_is_on_for_bf16_on_cpu_unless_set(tmp_path, features, token
             tmp_path, model, None, dev, tokenizer, True,
             "trainer.round_shapes=true", f"trainer.length_grouping={grouping}",
         ).rounding
-        for grouping in ("pack", "off")
+        for grouping in ("pack", "split", "off")
     }  # fmt: skip
-    assert tags["pack"].startswith(f"training widths in multiples of {speed.SHAPE_WIDTH}")
+    assert tags["pack"].startswith(f"training widths in multiples of {speed.SHAPE_WIDTH}; packed")
+    assert tags["split"] == f"training widths in multiples of {speed.SHAPE_WIDTH} (split parts)"
     assert tags["off"] == "not applied: length_grouping=off (pack and split only)"
     assert make_trainer(tmp_path, model, None, dev, tokenizer).rounding == "off"
 

@@ -493,6 +493,8 @@ class AblateTrainer(Trainer):
             return "off"
         if not (self.pack or self.split):
             return f"not applied: length_grouping={self.length_grouping} (pack and split only)"
+        if self.split:
+            return f"training widths in multiples of {self.quantum} (split parts)"
         return (
             f"training widths in multiples of {self.quantum}; packed rows narrower than "
             f"{SHAPE_TOKENS} in groups of {SHAPE_TOKENS} tokens"
