@@ -222,6 +222,25 @@ def test_a_quiet_run_of_a_live_process_on_this_host_is_kept_and_a_reused_pid_is_
     assert not procs.alive(child.pid) and not procs.same(child.pid, child_started)
 
 
+def test_a_child_that_exits_while_alive_checks_it_is_reaped(monkeypatch):
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while procs._stat(child.pid)[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)  # exited, not yet reaped
+    real_waitpid, calls = os.waitpid, []
+
+    def waitpid(pid, options):  # the first reap looks before the exit (the race seen in CI)
+        calls.append(pid)
+        return (0, 0) if len(calls) == 1 else real_waitpid(pid, options)
+
+    monkeypatch.setattr(os, "waitpid", waitpid)
+    assert not procs.alive(child.pid)
+    monkeypatch.undo()
+    with pytest.raises(ProcessLookupError):  # reaped: no zombie holds the pid
+        os.kill(child.pid, 0)
+    child.returncode = 0  # reaped here, not by Popen
+
+
 def test_each_bad_input_is_one_named_error_and_no_run_is_left_running(slice_root, tmp_path):
     from conftest import NAIJA, conllu_blocks, write_treebank
 

@@ -28,16 +28,25 @@ def started(pid: int) -> str | None:
     return fields[19] if fields else None
 
 
+def _reaped(pid: int) -> bool:
+    """Reap ``pid`` if it is our own exited child; whether it was."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return False  # not our child: nothing to reap
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie has exited; our own exited child is reaped)."""
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child: nothing to reap
+    if _reaped(pid):
+        return False
     fields = _stat(pid)
     if fields is not None:
-        return fields[0] != "Z"
+        if fields[0] != "Z":
+            return True
+        # It exited after the reap above: reap it now, or the caller would find its pid taken.
+        _reaped(pid)
+        return False
     if (_PROC / "self" / "stat").exists():  # Linux: no such process
         return False
     try:
