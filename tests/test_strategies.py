@@ -92,6 +92,32 @@ def test_minilm_counts_are_ordered_bitfit_lora_all_none(minilm):
     assert counts["bitfit"] < counts["lora"] < counts["all"] < counts["none"]
 
 
+@pytest.mark.parametrize("option", ["head_only", "bitfit", "gradual", "lora"])
+def test_bert_pooler_trains_with_the_sentence_head(option):
+    # DistilBERT's pre_classifier sits outside the encoder and trains with the head; BERT's
+    # pooler, the same layer, sits inside it.
+    cfg = compose_cfg("model=tiny", f"freeze={option}")
+    task = TASKS["sst2"]
+    applied = freeze.apply(model_lib.build(cfg.model, task.model_class, task.labels), cfg.freeze)
+    h, n = applied.model.config.hidden_size, len(task.labels)
+
+    def trainable() -> dict[str, int]:  # under LoRA the trained copy (peft keeps a frozen one)
+        inner = model_lib.unwrap(applied.model)
+        return {
+            name: sum(p.numel() for p in module.parameters() if p.requires_grad)
+            for name, module in (("pooler", model_lib.pooler(inner)), ("head", inner.classifier))
+        }
+
+    assert trainable() == {"pooler": h * h + h, "head": h * n + n}
+    if option == "lora":
+        assert "pooler" in applied.model.peft_config["default"].modules_to_save  # saved with it
+    if option == "gradual":  # every stage of the schedule
+        unfreezing = applied.callbacks[0].__self__
+        for epoch in range(len(unfreezing.schedule)):
+            unfreezing.set_epoch(epoch)
+            assert trainable() == {"pooler": h * h + h, "head": h * n + n}
+
+
 def test_bilstm_head_on_a_frozen_minilm_counts():
     cfg = compose_cfg("freeze=all", "model.head=bilstm")
     model = build(cfg)

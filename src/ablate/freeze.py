@@ -116,12 +116,16 @@ def freeze_layers(model: nn.Module, cfg: DictConfig) -> Applied:
 
 
 def freeze_bitfit(model: nn.Module, cfg: DictConfig) -> Applied:
-    """BitFit: of the encoder only the bias terms (LayerNorm's included) train; the head trains."""
+    """BitFit: of the encoder only the bias terms (LayerNorm's included) train; the head (with
+    BERT's pooler, ``model.pooler``) trains."""
     _train_everything(model)
+    pooler = model_lib.pooler(model)
+    head = {id(p) for p in pooler.parameters()} if pooler is not None else set()
     n_bias = 0
     for name, p in model_lib.encoder(model).named_parameters():
-        p.requires_grad = name.rsplit(".", 1)[-1] == "bias"
-        n_bias += p.requires_grad
+        if id(p) not in head:  # the pooler is part of the head (model.pooler)
+            p.requires_grad = name.rsplit(".", 1)[-1] == "bias"
+            n_bias += p.requires_grad
     if not n_bias:
         raise AblateError(
             f"freeze.strategy=bitfit: {type(model).__name__}'s encoder has no bias terms to train"
@@ -177,6 +181,9 @@ class GradualUnfreezing(TrainerCallback):
         model_lib.encoder(self.model).requires_grad_(k > len(blocks))
         for i, block in enumerate(blocks):
             block.requires_grad_(i >= len(blocks) - k)
+        pooler = model_lib.pooler(self.model)
+        if pooler is not None:  # part of the head (model.pooler), which always trains
+            pooler.requires_grad_(True)
         return k
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -283,7 +290,8 @@ def freeze_lora(model: nn.Module, cfg: DictConfig) -> Applied:
         lora_dropout=cfg.dropout,
         target_modules=targets,
         # The whole head trains and is saved with the adapter (for the linear head peft's
-        # token-classification default would pick the classifier anyway; not the BiLSTM).
+        # token-classification default would pick the classifier anyway; not the BiLSTM, nor
+        # BERT's pooler under a sentence head).
         modules_to_save=model_lib.head_modules(model),
     )
     with warnings.catch_warnings():

@@ -261,15 +261,30 @@ def embeddings(model: nn.Module) -> nn.Module:
     return module if isinstance(module, nn.Module) else unwrap(model).get_input_embeddings()
 
 
+def pooler(model: nn.Module) -> nn.Module | None:
+    """The encoder's pooler, when it has one (BERT's sequence classification), else None.
+
+    Only the sentence head reads it, so it is part of the head: strategies train it whenever
+    they train the head, as DistilBERT's ``pre_classifier`` and RoBERTa's classification head,
+    which sit outside the encoder.
+    """
+    module = getattr(encoder(model), "pooler", None)
+    if isinstance(module, nn.Module) and any(True for _ in module.parameters()):
+        return module
+    return None
+
+
 def head_modules(model: nn.Module) -> list[str]:
-    """Names of the task model's top-level modules with parameters outside the encoder."""
+    """Names of the head's modules: the task model's top-level modules with parameters outside
+    the encoder, and the encoder's ``pooler`` if it has one."""
     inner = unwrap(model)
     base = encoder(model)
-    return [
+    names = [
         name
         for name, child in inner.named_children()
         if child is not base and any(True for _ in child.parameters())
     ]
+    return names + (["pooler"] if pooler(model) is not None else [])
 
 
 def _shadow_params(model: nn.Module) -> set[int]:
