@@ -678,6 +678,38 @@ def test_fast_dropout_attention_is_the_masked_softmax_product_with_its_mask():
     torch.testing.assert_close(dropout.attention(module, q, k, v, mask)[0], plain.transpose(1, 2))
 
 
+def test_bf16_training_attention_takes_the_product_path_without_dropout():
+    torch.manual_seed(1)
+    rows, heads, width, dim = 3, 4, 10, 8
+    q, k, v = (torch.randn(rows, heads, width, dim, dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.ones(rows, 1, width, width, dtype=torch.bool).tril()
+
+    class Attention(torch.nn.Module):
+        is_causal = False
+
+    module = Attention()
+    flash = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    ops, outs = {}, {}
+    for training in (True, False):
+        module.train(training)
+        with torch.profiler.profile() as prof:
+            outs[training] = dropout.attention(module, q, k, v, mask)[0]
+        ops[training] = {e.key for e in prof.key_averages()}
+    assert flash not in ops[True] and flash in ops[False]  # evaluation keeps sdpa
+    scores = torch.einsum("rhid,rhjd->rhij", q.float(), k.float()) / dim**0.5
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    expected = torch.einsum("rhij,rhjd->rihd", probs, v.float())
+    for out in outs.values():  # bf16 rounding apart, the same attention
+        torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    no_dropout = build(*NO_DROPOUT)[0].model
+    assert dropout.skip_reason(no_dropout, torch.device("cpu")) == (
+        "no nn.Dropout module with 0 < p < 1"
+    )
+    assert dropout.skip_reason(no_dropout, torch.device("cpu"), bf16=True) is None
+    assert "bf16 training on the matrix-product path" in dropout.apply(no_dropout, bf16=True)
+    assert no_dropout.config._attn_implementation == dropout.ATTENTION
+
+
 @pytest.mark.parametrize("arch", ["bert", "distilbert"])
 def test_fast_dropout_swaps_masks_only_and_leaves_evaluation_as_it_was(arch, features, tokenizer):
     model = tiny_distilbert().model if arch == "distilbert" else build()[0].model

@@ -13,7 +13,9 @@ Two places draw masks in a BERT-like encoder: its ``nn.Dropout`` modules, swappe
 its math path (scores, softmax, dropout, product) anyway, so ``attention`` runs the same math
 with ``fast_dropout``'s mask. It is registered with transformers' ``AttentionInterface`` as
 ``ablate_sdpa`` and hands everything but CPU training with dropout to transformers' own sdpa
-function. GPUs keep torch's dropout (a fused kernel there).
+function, except bf16 training on CPU, which it keeps on the math path even without dropout
+(torch's CPU flash attention with gradients is several times slower there in bf16). GPUs keep
+torch's dropout (a fused kernel there).
 """
 
 from __future__ import annotations
@@ -49,11 +51,16 @@ class FastDropout(nn.Dropout):
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
               **kwargs):  # fmt: skip
-    """transformers' sdpa attention, with the math path's dropout mask from ``fast_dropout``."""
+    """transformers' sdpa attention, with the math path's dropout mask from ``fast_dropout``.
+
+    bf16 training on CPU takes the math path without dropout too: torch's CPU flash attention in
+    bf16 with gradients took 4-6 times as long here (``trainer.bf16`` with no attention dropout).
+    """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    drop = _applies(query, dropout, True)
     if (
-        not _applies(query, dropout, True)
+        not (drop or _bf16_cpu_training(module, query))
         or key.shape[1] != query.shape[1]  # grouped key/value heads: transformers repeats them
         or getattr(module, "is_causal", False)
         or kwargs.get("is_causal")
@@ -69,8 +76,15 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
             scores = torch.where(attention_mask, scores, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    probs = fast_dropout(torch.softmax(scores, dim=-1), dropout)
+    probs = torch.softmax(scores, dim=-1)
+    if drop:
+        probs = fast_dropout(probs, dropout)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+
+
+def _bf16_cpu_training(module: nn.Module, x: torch.Tensor) -> bool:
+    training = getattr(module, "training", False) and torch.is_grad_enabled()
+    return training and x.dtype == torch.bfloat16 and x.device.type == "cpu"
 
 
 def _register() -> None:
@@ -81,16 +95,17 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # 2-D masks become sdpa's bool masks
 
 
-def skip_reason(model: nn.Module, device: torch.device) -> str | None:
-    """Why ``apply`` leaves ``model`` as it is (None: it applies)."""
+def skip_reason(model: nn.Module, device: torch.device, bf16: bool = False) -> str | None:
+    """Why ``apply`` leaves ``model`` as it is (None: it applies). With ``bf16`` (training under
+    bf16 autocast) it applies without dropout too, for the attention's math path."""
     if device.type != "cpu":
         return f"device {device.type} (torch's dropout is a fused kernel there)"
-    if not any(type(m) is nn.Dropout and 0.0 < m.p < 1.0 for m in model.modules()):
+    if not bf16 and not any(type(m) is nn.Dropout and 0.0 < m.p < 1.0 for m in model.modules()):
         return "no nn.Dropout module with 0 < p < 1"
     return None
 
 
-def apply(model: nn.Module) -> str:
+def apply(model: nn.Module, bf16: bool = False) -> str:
     """Swap ``model``'s ``nn.Dropout`` modules for ``FastDropout`` and its sdpa attention for
     ``attention``, in place; returns what was swapped, for the run's tag."""
     swaps = [
@@ -108,17 +123,19 @@ def apply(model: nn.Module) -> str:
         _register()
         for config in sdpa:
             config._attn_implementation = ATTENTION
-        done += f", attention-probability dropout ({ATTENTION})"
+        bf16_path = ", and bf16 training on the matrix-product path" if bf16 else ""
+        done += f", attention-probability dropout{bf16_path} ({ATTENTION})"
     return done
 
 
-def wrap(cfg, model: nn.Module, device: torch.device, run) -> None:
-    """Apply ``trainer.fast_dropout`` where it can; tag ``speed.fast_dropout`` either way."""
+def wrap(cfg, model: nn.Module, device: torch.device, run, bf16: bool = False) -> None:
+    """Apply ``trainer.fast_dropout`` where it can (``bf16``: the training runs under bf16
+    autocast); tag ``speed.fast_dropout`` either way."""
     if not cfg.trainer.fast_dropout:
         run.tags({"speed.fast_dropout": "off"})
         return
-    reason = skip_reason(model, device)
+    reason = skip_reason(model, device, bf16)
     if reason is not None:
         run.tags({"speed.fast_dropout": f"not applied: {reason}"})
         return
-    run.tags({"speed.fast_dropout": apply(model)})
+    run.tags({"speed.fast_dropout": apply(model, bf16)})

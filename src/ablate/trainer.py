@@ -247,7 +247,7 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
             ],
         )
         # trainer.fast_dropout: CPU dropout masks from int32 draws (same distribution, faster)
-        dropout.wrap(cfg, model, trainer.args.device, run)
+        dropout.wrap(cfg, model, trainer.args.device, run, bool(trainer.args.bf16))
         if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
             trainer.optimizer = freeze.build_optimizer(trainer, applied.param_groups)
         if cfg.trainer.early_stopping_patience is not None:
