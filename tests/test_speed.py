@@ -539,6 +539,15 @@ def test_frozen_prefix_is_refused_where_something_below_it_trains(overrides, why
     assert k == 0 and why in reason
 
 
+def test_a_sentence_heads_pooler_does_not_stop_the_frozen_prefix():
+    cfg = compose("model=tiny", "freeze=first2", "freeze.embeddings=true")
+    task = tasks.get("sst2")
+    applied = freeze.apply(model_lib.build(cfg.model, task.model_class, task.labels), cfg.freeze)
+    pooler = model_lib.pooler(applied.model)  # in the encoder, trains with the head
+    assert pooler is not None and all(p.requires_grad for p in pooler.parameters())
+    assert prefix.frozen_prefix(applied) == (2, None)
+
+
 def test_cache_frozen_off_or_invalid_leaves_the_model_alone(features, tokenizer):
     for overrides, tag in (
         (["freeze=first4", "freeze.embeddings=true"], "off"),

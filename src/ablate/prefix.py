@@ -119,12 +119,10 @@ def frozen_prefix(applied) -> tuple[int, str | None]:
         base, blocks, _ = _parts(model)
     except AblateError as exc:
         return 0, str(exc)
-    suffix = {id(p) for block in blocks[k:] for p in block.parameters()}
-    stray = [
-        name
-        for name, p in base.named_parameters()
-        if p.requires_grad and id(p) not in suffix and not name.startswith("pooler.")
-    ]
+    pooler = model_lib.pooler(model)  # part of the head, above the blocks
+    above = [*blocks[k:], *([pooler] if pooler is not None else [])]
+    suffix = {id(p) for module in above for p in module.parameters()}
+    stray = [name for name, p in base.named_parameters() if p.requires_grad and id(p) not in suffix]
     if stray:
         return 0, f"encoder parameters below block {k} train: {', '.join(stray[:3])}"
     return k, None
