@@ -514,7 +514,7 @@ def build(
             metric = cell.metric.iloc[0]
             head = {"panel": panel, "data": data, "model": model, "strategy": strategy}
             rows.append({**head, "metric": metric, **_row(cell, base, preds, boot)})
-        if differ := _differingsettings(group, runs.params):
+        if differ := _differing_settings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
         counts = group.groupby("freeze").size()
         if counts.nunique() > 1:
@@ -539,7 +539,7 @@ def build(
     )
 
 
-def _differingsettings(group: pd.DataFrame, params: dict[str, dict[str, str]]) -> str:
+def _differing_settings(group: pd.DataFrame, params: dict[str, dict[str, str]]) -> str:
     """Settings that differ between the strategies of one panel, e.g. runs from two grids."""
     by_strategy = {
         s: settings(params[group[group.freeze == s].run_id.iloc[-1]])

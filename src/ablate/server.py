@@ -178,15 +178,13 @@ def stop(folder: Path) -> None:
     try:
         pid = state.get("mlflow_pid")
         if pid and procs.same(pid, state.get("mlflow_started")):
-            _signal_group(pid, signal.SIGTERM)  # the server and its workers share its session
-            deadline = time.monotonic() + 10
-            while procs.alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if procs.alive(pid):
-                _signal_group(pid, signal.SIGKILL)
+            for sig in (signal.SIGTERM, signal.SIGKILL):  # a polite stop first, up to 10 s each
+                _signal_group(pid, sig)  # the server and its workers share its session
                 deadline = time.monotonic() + 10
                 while procs.alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.1)
+                if not procs.alive(pid):
+                    break
         if state.get("pg_data"):
             stop_postgres(state["pg_data"])
     finally:
