@@ -419,6 +419,57 @@ def test_sorted_evaluation_returns_predictions_in_dataset_order(tmp_path, featur
     assert sorted_out.metrics["test_words"] == labels.count_scored(dev)
 
 
+def test_length_batches_cut_where_padding_plus_batch_cost_is_least():
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        lengths = rng.integers(1, 40, int(rng.integers(1, 9))).tolist()
+        max_rows, cost = int(rng.integers(1, 5)), int(rng.integers(0, 30))
+        batches = speed.length_batches(lengths, max_rows, cost)
+        flat = [i for batch in batches for i in batch]
+        assert sorted(flat) == list(range(len(lengths)))
+        assert [lengths[i] for i in flat] == sorted(lengths)
+        assert all(1 <= len(batch) <= max_rows for batch in batches)
+        total = sum(len(b) * max(lengths[i] for i in b) + cost for b in batches)
+        ordered, n = sorted(lengths), len(lengths)
+        every_cut = (  # each subset of the n - 1 gaps of the sorted order
+            [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+            for mask in range(2 ** (n - 1))
+        )
+        runs = ([*zip(c, c[1:], strict=False)] for c in every_cut)
+        assert total == min(
+            sum((end - start) * ordered[end - 1] + cost for start, end in r)
+            for r in runs
+            if all(end - start <= max_rows for start, end in r)
+        )
+
+
+def test_sorted_evaluation_computes_the_length_cut_batches(
+    tmp_path, features, tokenizer, monkeypatch
+):
+    # the tiny model's blocks are so small that one more batch would cost more than any padding
+    monkeypatch.setattr(speed, "sub_batch_cost", lambda model: 4)
+    applied, _ = build()
+    dev = features["dev"]
+    trainer = make_trainer(
+        tmp_path, applied.model, None, dev, tokenizer, True, "trainer.eval_batch_size=16"
+    )
+    shapes, collate = [], trainer.data_collator
+
+    def recording(batch):
+        out = collate(batch)
+        shapes.append(tuple(out["input_ids"].shape))
+        return out
+
+    trainer.data_collator = recording
+    trainer.predict(dev)
+    lengths = [len(f["input_ids"]) for f in dev]
+    expected = speed.length_batches(lengths, 16, 4)
+    assert shapes == [(len(b), max(lengths[i] for i in b)) for b in expected]
+    ordered = sorted(lengths)
+    fixed = sum(len(ordered[i : i + 16]) * ordered[i : i + 16][-1] for i in range(0, len(dev), 16))
+    assert sum(rows * width for rows, width in shapes) < fixed
+
+
 @pytest.mark.skipif(not speed._cpu_bf16(), reason="this CPU has no bf16 (AVX-512 BF16 / AMX)")
 def test_bf16_evaluation_casts_each_weight_once_with_the_same_predictions(
     tmp_path, features, tokenizer
@@ -437,7 +488,8 @@ def test_bf16_evaluation_casts_each_weight_once_with_the_same_predictions(
             outs.append(trainer.predict(dev))
         casts.append(sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy"))
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in applied.model.modules())
-    batches = -(-len(dev) // 8)
+    lengths = [len(f["input_ids"]) for f in dev]
+    batches = len(speed.length_batches(lengths, 8, trainer.eval_batch_cost))
     # two tensors (weight, bias) per linear layer: cast once instead of once per batch
     assert casts[1] - casts[0] == 2 * n_linear * (batches - 1)
     assert np.array_equal(outs[0].predictions, outs[1].predictions)

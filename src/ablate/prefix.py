@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ablate import model as model_lib
+from ablate import speed
 from ablate.errors import AblateError
 
 log = logging.getLogger(__name__)
@@ -147,21 +148,21 @@ def _pad(features: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
 def compute(
     model: nn.Module, k: int, features: Sequence[dict], batch_size: int, pad_id: int = 0
 ) -> PrefixStore:
-    """Run the embeddings and blocks 0..k-1 in eval mode over every window, in length order."""
+    """Run the embeddings and blocks 0..k-1 in eval mode over every window, in length order
+    (``speed.length_batches``: at most ``batch_size`` windows a batch)."""
     device = next(model.parameters()).device
     lengths = torch.tensor([len(f["input_ids"]) for f in features], dtype=torch.long)
     offsets = torch.zeros_like(lengths)
     offsets[1:] = torch.cumsum(lengths, 0)[:-1]
     hidden_size = model.config.hidden_size
     hidden = torch.zeros(int(lengths.sum()) + 1, hidden_size, device=device)
-    order = torch.argsort(lengths, stable=True).tolist()
+    batches = speed.length_batches(lengths.tolist(), batch_size, speed.sub_batch_cost(model))
     was_training = model.training
     model.eval()
     base = model_lib.encoder(model)
     try:
         with _swapped(model, k, None):
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
+            for rows in batches:
                 batch = {
                     key: v.to(device)
                     for key, v in _pad([features[i] for i in rows], pad_id).items()
