@@ -407,8 +407,10 @@ def test_models_pack_cannot_take_fall_back_to_split_batches(tmp_path, features, 
 def test_sorted_evaluation_returns_predictions_in_dataset_order(tmp_path, features, tokenizer):
     applied, _ = build()
     dev = features["dev"]
-    outs = [
-        make_trainer(tmp_path, applied.model, None, dev, tokenizer, sorted_eval).predict(dev)
+    outs = [  # batches of unequal sizes and lengths
+        make_trainer(
+            tmp_path, applied.model, None, dev, tokenizer, sorted_eval, "trainer.eval_batch_size=7"
+        ).predict(dev)
         for sorted_eval in (True, False)
     ]
     (sorted_out, plain_out) = outs
@@ -417,6 +419,17 @@ def test_sorted_evaluation_returns_predictions_in_dataset_order(tmp_path, featur
     assert np.array_equal(sorted_out.predictions[mask], plain_out.predictions[mask])
     assert sorted_out.metrics["test_accuracy"] == plain_out.metrics["test_accuracy"]
     assert sorted_out.metrics["test_words"] == labels.count_scored(dev)
+    # the loss is the mean over scored labels, whatever the batches: each window alone gives it
+    losses = []
+    with torch.no_grad():
+        for f in dev:
+            out = applied.model.eval()(
+                input_ids=torch.tensor([f["input_ids"]]), labels=torch.tensor([f["labels"]])
+            )
+            losses.append((float(out.loss) * labels.count_scored([f]), labels.count_scored([f])))
+    token_mean = sum(t for t, _ in losses) / sum(n for _, n in losses)
+    for out in outs:
+        assert out.metrics["test_loss"] == pytest.approx(token_mean, rel=2e-6)
 
 
 def test_length_batches_cut_where_padding_plus_batch_cost_is_least():

@@ -485,6 +485,7 @@ class AblateTrainer(Trainer):
         # Evaluation keeps its widths: the same dev batches recur every epoch.
         self.quantum = SHAPE_WIDTH if round_shapes else None
         self._keep_evaluation = False
+        self._losses: list[tuple[float, int]] = []
         self.last_evaluation: tuple[int, EvalLoopOutput] | None = None  # (global step, output)
         self.packing_unsupported = None
         if length_grouping == "pack":
@@ -593,7 +594,11 @@ class AblateTrainer(Trainer):
     def prediction_step(self, *args, **kwargs):
         # bf16: no_grad, as autocast keeps no bf16 weight copies under inference mode
         with torch.no_grad() if self.args.bf16 else torch.inference_mode():
-            return super().prediction_step(*args, **kwargs)
+            loss, logits, labels = super().prediction_step(*args, **kwargs)
+        if loss is not None and torch.is_tensor(labels):
+            scored = int((labels != IGNORE).sum())
+            self._losses.append((float(loss) * scored, scored))
+        return loss, logits, labels
 
     def evaluate(self, eval_dataset=None, *args, **kwargs):
         # Only the training loop's dev evaluation (no dataset given) is kept for predictions().
@@ -618,9 +623,20 @@ class AblateTrainer(Trainer):
         out = self.predict(dataset)
         return out.predictions, out.label_ids
 
-    def evaluation_loop(self, dataloader, description, *args, **kwargs) -> EvalLoopOutput:
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+        metric_key_prefix="eval",
+    ) -> EvalLoopOutput:  # fmt: skip
+        self._losses = []  # (loss x scored labels, scored labels) per batch
         with self._weights_cast_once():
-            out = self._evaluation_loop(dataloader, description, *args, **kwargs)
+            out = self._evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+        # The Trainer averages batch means, each weighted as eval_batch_size examples; batches
+        # cut by length differ in size, so the loss is the mean over scored labels instead.
+        key, scored = f"{metric_key_prefix}_loss", sum(n for _, n in self._losses)
+        if key in out.metrics and scored:
+            out.metrics[key] = sum(total for total, _ in self._losses) / scored
         if self._keep_evaluation:
             self.last_evaluation = (self.state.global_step, out)
         return out
