@@ -16,9 +16,10 @@
   full table's update (``ablate.embedding_rows``).
 - ``trainer.fast_dropout``: CPU dropout masks from int32 draws, the same distribution at a third
   of ``bernoulli_``'s cost (``ablate.dropout``).
-- ``trainer.sorted_eval``: dev/test batches sorted by length; predictions are returned in the
-  dataset's order. Every prediction step runs under ``torch.inference_mode()``; with bf16, under
-  ``no_grad`` in one autocast region for the whole evaluation, so each weight is cast once.
+- ``trainer.sorted_eval``: dev/test sorted by length and cut into batches where padding plus a
+  per-batch cost is least (``length_batches``); predictions are returned in the dataset's order.
+  Every prediction step runs under ``torch.inference_mode()``; with bf16, under ``no_grad`` in
+  one autocast region for the whole evaluation, so each weight is cast once.
 - ``trainer.bf16`` (null = on for a GPU that has it, off on CPU; ``true`` on a CPU with AVX-512
   BF16/AMX is opt-in: it changes the numerics), ``trainer.tf32`` and ``trainer.pin_memory``
   (GPU only).
