@@ -955,6 +955,30 @@ def test_bench_runs_its_jobs_and_logs_the_table_it_computed(tmp_path, store, mon
     assert summary.data.metrics["nodrop.ablate.train_s_ratio"] == pytest.approx(ratio)
 
 
+def test_bench_first4_study_trains_the_studys_embeddings_in_plain_only(tmp_path, store):
+    sizes = ["--train-sentences", "24", "--dev-sentences", "8", "--test-sentences", "4"]
+    rc = bench.main(
+        ["--model", "tiny", *sizes, "--epochs", "1", "--repeats", "1"]
+        + ["--configs", "first4_study", "--recipes", "ablate", "--uri", store]
+        + ["--out", str(tmp_path / "bench")]
+    )
+    assert rc == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("ablate-bench").experiment_id])
+    jobs = {r.data.tags["bench.recipe"]: r for r in runs if "bench.recipe" in r.data.tags}
+    params = {k: r.data.params for k, r in jobs.items()}
+    assert params["plain"]["freeze.first"] == params["ablate"]["freeze.first"] == "4"
+    assert params["plain"]["freeze.embeddings"] == "False"  # as the earlier study ran first4
+    assert params["ablate"]["freeze.embeddings"] == "True"
+    assert params["ablate"]["trainer.cache_frozen"] == "True"
+    logged = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    flops = {job["recipe"]: job["result"]["train_flops_per_epoch"] for job in logged["jobs"]}
+    # plain's backward runs down to the embeddings; ablate runs blocks 4.. only, on packed rows
+    assert flops["plain"] > 3 * flops["ablate"] > 0
+    text = (tmp_path / "bench" / "bench.md").read_text()
+    assert "| freeze=first4 (plain: embeddings train, as the study ran it" in text
+
+
 # --- a real sweep -------------------------------------------------------------------------------
 
 

@@ -40,6 +40,13 @@ CONFIGS: dict[str, tuple[str, list[str], list[str]]] = {
         ["freeze=first4", "freeze.embeddings=true"],
         ["trainer.cache_frozen=true"],
     ),
+    # The earlier study's first4 kept the embeddings training, so its backward ran through all
+    # six blocks; caching needs them frozen. Another model trains: no accuracy tolerance (opt-in).
+    "first4_study": (
+        "freeze=first4 (plain: embeddings train, as the study ran it; ablate: frozen, cached)",
+        ["freeze=first4"],
+        ["freeze.embeddings=true", "trainer.cache_frozen=true"],
+    ),
 }
 # The dropout probabilities of each architecture's config (``model_type``), for ``nodrop``.
 DROPOUT_KEYS = {
