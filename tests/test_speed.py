@@ -432,6 +432,17 @@ def test_sorted_evaluation_returns_predictions_in_dataset_order(tmp_path, featur
         assert out.metrics["test_loss"] == pytest.approx(token_mean, rel=2e-6)
 
 
+def test_attention_on_cuda_leaves_out_cudnn_and_cpu_is_untouched():
+    backends = torch.backends.cuda
+    before = (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled())
+    with speed.attention_kernels(torch.device("cuda")):  # only sets torch's backend flags
+        assert not backends.cudnn_sdp_enabled()
+        assert backends.flash_sdp_enabled() and backends.mem_efficient_sdp_enabled()
+    assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled()) == before
+    with speed.attention_kernels(torch.device("cpu")):
+        assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled()) == before
+
+
 def test_length_batches_cut_where_padding_plus_batch_cost_is_least():
     rng = np.random.default_rng(3)
     for _ in range(40):
