@@ -241,6 +241,26 @@ def test_a_child_that_exits_while_alive_checks_it_is_reaped(monkeypatch):
     child.returncode = 0  # reaped here, not by Popen
 
 
+def test_a_zombie_leader_whose_threads_still_run_counts_as_running_until_reaped():
+    # The main thread ends first (shown as a zombie, not yet reapable); another ends it all later.
+    code = (
+        "import ctypes, os, threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(1), os._exit(0))).start()\n"
+        "ctypes.CDLL(None).pthread_exit(None)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while (procs._stat(child.pid) or ["?"])[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert procs._stat(child.pid)[0] == "Z"
+    assert procs.alive(child.pid)  # its other thread still runs
+    while procs.alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(ProcessLookupError):  # reaped once it could be: no zombie holds the pid
+        os.kill(child.pid, 0)
+    child.returncode = 0  # reaped here, not by Popen
+
+
 def test_each_bad_input_is_one_named_error_and_no_run_is_left_running(slice_root, tmp_path):
     from conftest import NAIJA, conllu_blocks, write_treebank
 

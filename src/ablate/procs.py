@@ -44,9 +44,13 @@ def alive(pid: int) -> bool:
     if fields is not None:
         if fields[0] != "Z":
             return True
-        # It exited after the reap above: reap it now, or the caller would find its pid taken.
-        _reaped(pid)
-        return False
+        # A zombie. Our own child is reaped now, or the caller would find its pid taken; one
+        # that cannot be reaped yet is a thread-group leader whose other threads still run
+        # (the mlflow server's exit, seen in CI), so it still counts as running.
+        try:
+            return os.waitpid(pid, os.WNOHANG)[0] != pid
+        except ChildProcessError:
+            return False  # another process's child: only its parent can reap it
     if (_PROC / "self" / "stat").exists():  # Linux: no such process
         return False
     try:
