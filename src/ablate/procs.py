@@ -28,17 +28,18 @@ def started(pid: int) -> str | None:
     return fields[19] if fields else None
 
 
-def _reaped(pid: int) -> bool:
-    """Reap ``pid`` if it is our own exited child; whether it was."""
+def _reap(pid: int) -> bool | None:
+    """Reap ``pid`` if it is our own exited child: True when reaped, False when our child cannot
+    be reaped (yet), None when it is not our child."""
     try:
         return os.waitpid(pid, os.WNOHANG)[0] == pid
     except ChildProcessError:
-        return False  # not our child: nothing to reap
+        return None
 
 
 def alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie has exited; our own exited child is reaped)."""
-    if _reaped(pid):
+    if _reap(pid):
         return False
     fields = _stat(pid)
     if fields is not None:
@@ -46,11 +47,9 @@ def alive(pid: int) -> bool:
             return True
         # A zombie. Our own child is reaped now, or the caller would find its pid taken; one
         # that cannot be reaped yet is a thread-group leader whose other threads still run
-        # (the mlflow server's exit, seen in CI), so it still counts as running.
-        try:
-            return os.waitpid(pid, os.WNOHANG)[0] != pid
-        except ChildProcessError:
-            return False  # another process's child: only its parent can reap it
+        # (the mlflow server's exit, seen in CI), so it still counts as running. Another
+        # process's zombie has exited: only its parent can reap it.
+        return _reap(pid) is False
     if (_PROC / "self" / "stat").exists():  # Linux: no such process
         return False
     try:

@@ -122,6 +122,10 @@ def round_shapes(t: DictConfig, args) -> bool:
     """``trainer.round_shapes`` for TrainingArguments ``args``: null = on for bf16 on a CPU."""
     if t.round_shapes is not None:
         return bool(t.round_shapes)
+    return _bf16_on_cpu(args)
+
+
+def _bf16_on_cpu(args) -> bool:
     return bool(args.bf16) and args.device.type == "cpu"
 
 
@@ -509,7 +513,7 @@ class AblateTrainer(Trainer):
                          self.packing_unsupported)  # fmt: skip
                 length_grouping = "split"
         self.length_grouping = length_grouping
-        self.sub_batch_cost = sub_batch_cost(self.model) if self.split else SUB_BATCH_COST
+        self.sub_batch_cost = sub_batch_cost(self.model)  # split's parts, evaluation's batches
         self.stats = getattr(self.data_collator, "stats", None)
         if (self.split or self.pack) and self.stats is not None:
             self.stats.by_trainer = True  # count the rows computed, not the collated batch
@@ -531,10 +535,7 @@ class AblateTrainer(Trainer):
     @property
     def eval_batch_cost(self) -> int:
         """What one more dev/test batch costs, in padded tokens (``length_batches``)."""
-        cost = sub_batch_cost(self.model)
-        if self.args.bf16 and self.args.device.type == "cpu":
-            return cost * BF16_CPU_BATCH_COST
-        return cost
+        return self.sub_batch_cost * (BF16_CPU_BATCH_COST if _bf16_on_cpu(self.args) else 1)
 
     @property
     def pack(self) -> bool:
@@ -544,11 +545,11 @@ class AblateTrainer(Trainer):
     def split(self) -> bool:
         return self.length_grouping == "split"
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        with attention_kernels(self.args.device):  # the backward runs the kernel chosen here
-            return self._loss(model, inputs, return_outputs, num_items_in_batch)
+    def training_step(self, *args, **kwargs):
+        with attention_kernels(self.args.device):
+            return super().training_step(*args, **kwargs)
 
-    def _loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.pack and model.training and not return_outputs:
             packed = pack_rows(
                 _prefix_hidden(model, inputs),
