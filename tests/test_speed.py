@@ -8,6 +8,7 @@ import copy
 import importlib.metadata
 import json
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -626,14 +627,78 @@ def test_a_sentence_heads_pooler_does_not_stop_the_frozen_prefix():
 
 def test_cache_frozen_off_or_invalid_leaves_the_model_alone(features, tokenizer):
     for overrides, tag in (
-        (["freeze=first4", "freeze.embeddings=true"], "off"),
+        (["freeze=first4", "freeze.embeddings=true", "trainer.cache_frozen_eval=false"], "off"),
         (["freeze=first4", "trainer.cache_frozen=true"], "not applied: embedding parameters train"),
     ):
         applied, cfg = build(*overrides)
         run = FakeRun()
-        model, train = prefix.wrap(cfg, applied, features["train"], tokenizer, run)
-        assert model is applied.model and train is features["train"]
+        model, feats = prefix.wrap(cfg, applied, features, tokenizer, run)
+        assert model is applied.model and feats is features
         assert run.tag_log["speed.cache_frozen"].startswith(tag)
+        assert run.tag_log["speed.cache_frozen_eval"].startswith(tag)
+
+
+def test_a_cached_forward_that_differs_is_refused_or_left_out(features, tokenizer, monkeypatch):
+    real = prefix._prefix_output
+    # an encoder whose blocks do not compose as prefix.py assumes: the cached output is off
+    monkeypatch.setattr(prefix, "_prefix_output", lambda *a: real(*a) + 0.5)
+    applied, cfg = build("freeze=first4", "freeze.embeddings=true")
+    run = FakeRun()
+    model, feats = prefix.wrap(cfg, applied, features, tokenizer, run)  # eval cache: on by default
+    assert model is applied.model and feats is features  # evaluated the usual way
+    assert run.tag_log["speed.cache_frozen_eval"].startswith("not applied: the cached forward")
+    applied, cfg = build("freeze=first4", "freeze.embeddings=true", "trainer.cache_frozen=true")
+    with pytest.raises(AblateError, match="trainer.cache_frozen: the cached forward .* differs"):
+        prefix.wrap(cfg, applied, features, tokenizer, FakeRun())  # asked for: an error
+
+
+def test_dev_evaluations_after_the_first_reuse_the_frozen_prefix(features, tokenizer):
+    applied, cfg = build("freeze=first4", "freeze.embeddings=true")  # cache_frozen_eval: default
+    full = copy.deepcopy(applied.model).eval()  # the same weights, evaluated the usual way
+    run = FakeRun()
+    wrapped, feats = prefix.wrap(cfg, applied, features, tokenizer, run)
+    assert run.tag_log["speed.cache_frozen"] == "off"  # training runs the full model
+    assert run.tag_log["speed.cache_frozen_eval"].startswith("dev windows: embeddings + blocks 0-3")
+    assert feats["train"] is features["train"] and wrapped.store is None
+    assert [f["eval_index"] for f in feats["dev"]] == list(range(len(features["dev"])))
+    prefix_calls = []
+    block0 = model_lib.blocks(applied.model)[0]
+    block0.register_forward_hook(lambda module, args, out: prefix_calls.append(1))
+    collate = speed.CountingCollator(DataCollatorForTokenClassification(tokenizer))
+    batches = [collate(feats["dev"][i : i + 8]) for i in range(0, len(feats["dev"]), 8)]
+
+    def evaluate():
+        wrapped.eval()
+        with torch.inference_mode():
+            return [wrapped(**b).logits for b in batches]
+
+    def expected():
+        with torch.inference_mode():
+            plain = [{k: v for k, v in b.items() if k != "eval_index"} for b in batches]
+            return [full(**b).logits for b in plain]
+
+    def assert_same(got, want):
+        for g, w, b in zip(got, want, batches, strict=True):
+            real = b["attention_mask"].bool()
+            torch.testing.assert_close(g[real], w[real], atol=1e-5, rtol=1e-5)
+
+    assert_same(evaluate(), expected())
+    assert len(prefix_calls) == len(batches)  # the first evaluation ran the prefix once a batch
+    assert bool(wrapped.eval_store.filled.all())
+    # a training step changes blocks 4-5 and the head; the kept prefix output stays valid
+    wrapped.train()
+    opt = torch.optim.SGD([p for p in wrapped.parameters() if p.requires_grad], lr=0.5)
+    train_batch = collate(features["train"][:8])
+    wrapped(**train_batch).loss.backward()
+    opt.step()
+    full.load_state_dict(applied.model.state_dict())
+    prefix_calls.clear()
+    assert_same(evaluate(), expected())
+    assert prefix_calls == []  # no block below 4 ran in the second evaluation
+    # training (no eval_index) and test windows (none either) run the full model
+    wrapped.train()
+    wrapped(**train_batch)
+    assert prefix_calls == [1]
 
 
 # --- embedding rows -----------------------------------------------------------------------------
@@ -1012,6 +1077,43 @@ def test_real_bf16_runs_train_on_rounded_batch_shapes(slice_root, store, tmp_pat
     assert runs["False"].data.tags["speed.round_shapes"] == "off"
     padding = {k: r.data.metrics["padding_pct"] for k, r in runs.items()}
     assert padding["None"] > padding["False"] > 0  # the rounded rows' extra padding
+
+
+def test_real_sweep_dev_evaluations_from_the_kept_prefix_give_the_same_numbers(
+    slice_root, store, tmp_path
+):
+    proc = run_cli(
+        "--multirun",
+        *slice_overrides(slice_root, store, tmp_path),
+        "freeze=head_only",  # the whole encoder frozen: later evaluations run only the head
+        "skip_finished=false",  # explicit: the switch is not part of a run's identity
+        "trainer.cache_frozen_eval=true,false",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(store)
+    runs = {r.data.params["trainer.cache_frozen_eval"]: r for r in logged_runs(store)}
+    assert {k: r.info.status for k, r in runs.items()} == {"True": "FINISHED", "False": "FINISHED"}
+    assert (
+        runs["True"]
+        .data.tags["speed.cache_frozen_eval"]
+        .startswith("dev windows: embeddings + blocks 0-")
+    )
+    assert runs["False"].data.tags["speed.cache_frozen_eval"] == "off"
+    assert runs["True"].data.tags["ablate.identity"] == runs["False"].data.tags["ablate.identity"]
+
+    def history(run):
+        points = client.get_metric_history(run.info.run_id, "dev_accuracy")
+        return [p.value for p in sorted(points, key=lambda p: p.step)]
+
+    def predictions(run):
+        path = client.download_artifacts(run.info.run_id, "predictions/dev.json", str(tmp_path))
+        return json.loads(Path(path).read_text())
+
+    assert len(history(runs["True"])) == 2
+    assert history(runs["True"]) == history(runs["False"])
+    assert predictions(runs["True"]) == predictions(runs["False"])
+    for metric in ("test_accuracy", "dev_accuracy"):
+        assert runs["True"].data.metrics[metric] == runs["False"].data.metrics[metric]
 
 
 def test_real_sweep_reuses_tokenisation_and_trains_on_the_cached_prefix(

@@ -156,6 +156,7 @@ class TrainerConfig:
     fast_dropout: bool = True  # CPU dropout masks from int32 draws: other masks, same distribution
     sorted_eval: bool = True  # dev/test in length order, inference mode; predictions keep order
     cache_frozen: bool = False  # frozen embeddings + blocks 0..k-1 computed once (no dropout there)
+    cache_frozen_eval: bool = True  # the same for dev windows, kept from their first evaluation
     bf16: bool | None = None  # bf16 autocast; null = on for a GPU that has it, off on CPU
     # batch widths in multiples of 32 so shapes recur (oneDNN's bf16 kernels are built per shape);
     # null = on for bf16 on a CPU

@@ -8,8 +8,14 @@ nor any backward pass goes through the frozen prefix.
 Effect on results: the prefix runs in eval mode, so it has no dropout; an uncached run of the
 same strategy applies dropout in the frozen layers too (they are frozen, not in eval mode). The
 two runs therefore differ by more than float noise, which is why the switch is off by default.
-In eval mode the cached model computes the same logits as the full model (tested). Dev and
-test are evaluated with the full model (a normal forward), as without caching.
+In eval mode the cached model computes the same logits as the full model (tested). Test
+windows are evaluated with the full model (a normal forward), as without caching.
+
+``trainer.cache_frozen_eval`` (on by default) does the same for the dev windows, which are
+evaluated after every epoch: each window's prefix output is computed in its first evaluation
+(the same forward as the full model's) and kept, so later evaluations run only blocks k.. and
+the head. Evaluation has no dropout, so this changes no result (tested); it applies wherever the
+prefix is frozen, with or without ``trainer.cache_frozen``.
 
 Valid only where nothing below block k trains: ``freeze.embeddings=true`` with ``first`` (or
 ``all``, or ``layers`` starting at 0), strategy ``layers``, no adapters; elsewhere the run goes on
@@ -47,10 +53,31 @@ class PrefixStore:
     hidden: torch.Tensor  # (total tokens + 1, hidden size); the last row is zeros, for padding
     offsets: torch.Tensor  # (windows,) start row of each window
     lengths: torch.Tensor  # (windows,)
+    filled: torch.Tensor  # (windows,) which windows hold their output yet
+
+    @classmethod
+    def empty(cls, lengths: Sequence[int], hidden_size: int, device) -> PrefixStore:
+        """A store for windows of ``lengths`` with no output in it yet."""
+        lengths = torch.as_tensor(lengths, dtype=torch.long)
+        offsets = torch.zeros_like(lengths)
+        offsets[1:] = torch.cumsum(lengths, 0)[:-1]
+        return cls(
+            hidden=torch.zeros(int(lengths.sum()) + 1, hidden_size, device=device),
+            offsets=offsets.to(device),
+            lengths=lengths.to(device),
+            filled=torch.zeros(len(lengths), dtype=torch.bool),
+        )
 
     @property
     def nbytes(self) -> int:
         return self.hidden.numel() * self.hidden.element_size()
+
+    def fill(self, index: Sequence[int], out: torch.Tensor) -> None:
+        """Store row j of ``out`` (B, L, hidden), real tokens only, as window ``index[j]``'s."""
+        for j, i in enumerate(index):
+            start, n = int(self.offsets[i]), int(self.lengths[i])
+            self.hidden[start : start + n] = out[j, :n].float()
+            self.filled[i] = True
 
     def batch(self, index: torch.Tensor, length: int) -> torch.Tensor:
         """(B, length, hidden) for windows ``index``, zero-padded on the right."""
@@ -151,46 +178,49 @@ def compute(
     """Run the embeddings and blocks 0..k-1 in eval mode over every window, in length order
     (``speed.length_batches``: at most ``batch_size`` windows a batch)."""
     device = next(model.parameters()).device
-    lengths = torch.tensor([len(f["input_ids"]) for f in features], dtype=torch.long)
-    offsets = torch.zeros_like(lengths)
-    offsets[1:] = torch.cumsum(lengths, 0)[:-1]
-    hidden_size = model.config.hidden_size
-    hidden = torch.zeros(int(lengths.sum()) + 1, hidden_size, device=device)
-    batches = speed.length_batches(lengths.tolist(), batch_size, speed.sub_batch_cost(model))
+    lengths = [len(f["input_ids"]) for f in features]
+    store = PrefixStore.empty(lengths, model.config.hidden_size, device)
+    batches = speed.length_batches(lengths, batch_size, speed.sub_batch_cost(model))
     was_training = model.training
     model.eval()
-    base = model_lib.encoder(model)
     try:
-        with _swapped(model, k, None):
-            for rows in batches:
-                batch = {
-                    key: v.to(device)
-                    for key, v in _pad([features[i] for i in rows], pad_id).items()
-                }
-                out = base(**batch)[0]
-                for j, i in enumerate(rows):
-                    n = int(lengths[i])
-                    hidden[offsets[i] : offsets[i] + n] = out[j, :n].float()
+        for rows in batches:
+            batch = {
+                key: v.to(device) for key, v in _pad([features[i] for i in rows], pad_id).items()
+            }
+            store.fill(rows, _prefix_output(model, k, batch))
     finally:
         model.train(was_training)
-    return PrefixStore(hidden=hidden, offsets=offsets.to(device), lengths=lengths.to(device))
+    return store
+
+
+def _prefix_output(model: nn.Module, k: int, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, L, hidden): the embeddings and blocks 0..k-1 on ``batch``'s encoder inputs."""
+    with _swapped(model, k, None):
+        return model_lib.encoder(model)(**batch)[0]
 
 
 class PrefixCached(nn.Module):
-    """The task model training on cached prefix outputs; a normal model without ``prefix_index``.
+    """The task model on cached prefix outputs; a normal model without an index.
 
-    ``forward(input_ids, attention_mask, labels, prefix_index)`` looks the windows' prefix output
-    up in the store and runs blocks k.. and the head on it (``prefix_hidden``: that output given,
-    as a packed batch gives it); without either (dev, test) it is the full model's forward.
+    ``forward(input_ids, attention_mask, labels, prefix_index)`` looks the training windows'
+    prefix output up in ``store`` and runs blocks k.. and the head on it (``prefix_hidden``: that
+    output given, as a packed batch gives it). ``eval_index`` (eval mode) does the same for dev
+    windows from ``eval_store``, computing the output of windows it does not hold yet. Without
+    any (test) it is the full model's forward.
     """
 
     main_input_name = "input_ids"
 
-    def __init__(self, model: nn.Module, k: int, store: PrefixStore):
+    def __init__(
+        self, model: nn.Module, k: int, store: PrefixStore | None,
+        eval_store: PrefixStore | None = None,
+    ):  # fmt: skip
         super().__init__()
         self.model = model
         self.k = k
-        self.store = store
+        self.store = store  # training windows; None: training runs the full model
+        self.eval_store = eval_store
         self.config = model.config  # the Trainer reads it
         if hasattr(model, "accepts_loss_kwargs"):
             self.accepts_loss_kwargs = model.accepts_loss_kwargs
@@ -207,10 +237,12 @@ class PrefixCached(nn.Module):
 
     def forward(
         self, input_ids=None, attention_mask=None, labels=None, prefix_index=None,
-        prefix_hidden=None, **kw,
+        prefix_hidden=None, eval_index=None, **kw,
     ):  # fmt: skip
         if prefix_index is not None:
             prefix_hidden = self.store.batch(prefix_index, input_ids.size(1))
+        elif eval_index is not None and self.eval_store is not None and not self.training:
+            prefix_hidden = self._eval_prefix(eval_index, input_ids, attention_mask, kw)
         if prefix_hidden is None:
             return self.model(
                 input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kw
@@ -220,15 +252,31 @@ class PrefixCached(nn.Module):
                 input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kw
             )
 
+    def _eval_prefix(self, index, input_ids, attention_mask, kw) -> torch.Tensor:
+        store = self.eval_store
+        missing = ~store.filled[index.cpu()]
+        if missing.any():  # a first evaluation: the prefix runs on those rows, as in the full model
+            batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if kw.get("token_type_ids") is not None:
+                batch["token_type_ids"] = kw["token_type_ids"]
+            rows = missing.to(input_ids.device)
+            with torch.no_grad():  # frozen; the store must not join a graph
+                out = _prefix_output(self.model, self.k, {k: v[rows] for k, v in batch.items()})
+            store.fill(index.cpu()[missing].tolist(), out)
+        return store.batch(index, input_ids.size(1))
+
 
 def _logits(out) -> torch.Tensor:
     return out["logits"] if isinstance(out, dict) or hasattr(out, "keys") else out[0]
 
 
 @torch.inference_mode()
-def check(wrapped: PrefixCached, features: Sequence[dict], pad_id: int = 0, n: int = 4) -> float:
-    """Max |logits difference| between the cached and the full forward (eval mode), on ``n``
-    training windows."""
+def check(
+    wrapped: PrefixCached, features: Sequence[dict], pad_id: int = 0, n: int = 4,
+    index_key: str = "prefix_index",
+) -> float:  # fmt: skip
+    """Max |logits difference| between the cached and the full forward (eval mode), on the first
+    ``n`` windows of ``features`` (``index_key``: training or dev windows)."""
     was_training = wrapped.training
     wrapped.eval()
     try:
@@ -236,7 +284,7 @@ def check(wrapped: PrefixCached, features: Sequence[dict], pad_id: int = 0, n: i
         device = next(wrapped.parameters()).device
         batch = {key: v.to(device) for key, v in batch.items()}
         index = torch.arange(min(n, len(features)))
-        cached = _logits(wrapped(**batch, prefix_index=index))
+        cached = _logits(wrapped(**batch, **{index_key: index}))
         full = _logits(wrapped(**batch))
         mask = batch["attention_mask"].bool() if cached.dim() == 3 else slice(None)
         return float((cached[mask] - full[mask]).abs().max())
@@ -245,27 +293,42 @@ def check(wrapped: PrefixCached, features: Sequence[dict], pad_id: int = 0, n: i
 
 
 def wrap(
-    cfg: DictConfig, applied, features: list[dict], tokenizer, run
-) -> tuple[nn.Module, list[dict]]:
-    """With ``trainer.cache_frozen`` and a valid frozen prefix: the model wrapped to train on the
-    cached prefix output, and the training windows with their ``prefix_index``. Otherwise the model
-    and windows unchanged. Tag ``speed.cache_frozen`` says which, and why."""
+    cfg: DictConfig, applied, features: dict[str, list[dict]], tokenizer, run
+) -> tuple[nn.Module, dict[str, list[dict]]]:
+    """The model wrapped to run on cached prefix outputs, and ``features`` with the windows'
+    indices into the caches: the training windows with ``trainer.cache_frozen`` (computed now),
+    the dev windows with ``trainer.cache_frozen_eval`` (computed at their first evaluation).
+    Unchanged where neither applies. Tags ``speed.cache_frozen`` and ``speed.cache_frozen_eval``
+    say which, and why not."""
     model = applied.model
+    k, why = frozen_prefix(applied)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    train, dev = features["train"], features.get("dev") or []
+    store = _train_store(cfg, model, k, why, train, pad_id, run)
+    eval_store = _eval_store(cfg, model, k, why, dev, pad_id, run)
+    if store is None and eval_store is None:
+        return model, features
+    out = dict(features)
+    if store is not None:
+        out["train"] = [{**f, "prefix_index": i} for i, f in enumerate(train)]
+    if eval_store is not None:
+        out["dev"] = [{**f, "eval_index": i} for i, f in enumerate(dev)]
+    return PrefixCached(model, k, store, eval_store), out
+
+
+def _train_store(cfg, model, k, why, train, pad_id, run) -> PrefixStore | None:
     if not cfg.trainer.cache_frozen:
         run.tags({"speed.cache_frozen": "off"})
-        return model, features
-    k, why = frozen_prefix(applied)
-    if why is not None or not features:
-        why = why or "no training windows"
-        log.warning("trainer.cache_frozen: not applied (%s); training the usual way", why)
-        run.tags({"speed.cache_frozen": f"not applied: {why}"})
-        return model, features
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return None
+    if why is not None or not train:
+        reason = why or "no training windows"
+        log.warning("trainer.cache_frozen: not applied (%s); training the usual way", reason)
+        run.tags({"speed.cache_frozen": f"not applied: {reason}"})
+        return None
     t0 = time.perf_counter()
-    store = compute(model, k, features, cfg.trainer.eval_batch_size, pad_id)
+    store = compute(model, k, train, cfg.trainer.eval_batch_size, pad_id)
     seconds = time.perf_counter() - t0
-    wrapped = PrefixCached(model, k, store)
-    diff = check(wrapped, features, pad_id)
+    diff = check(PrefixCached(model, k, store), train, pad_id)
     if not diff <= 1e-3:  # also catches NaN
         raise AblateError(
             f"trainer.cache_frozen: the cached forward of {type(model).__name__} differs from the "
@@ -277,6 +340,28 @@ def wrap(
     run.metrics({"cache_frozen_time_s": seconds, "cache_frozen_mb": store.nbytes / 2**20})
     log.info(
         "cache_frozen: %s computed once for %d windows in %.1f s (%.0f MiB)",
-        what, len(features), seconds, store.nbytes / 2**20,
+        what, len(train), seconds, store.nbytes / 2**20,
     )  # fmt: skip
-    return wrapped, [{**f, "prefix_index": i} for i, f in enumerate(features)]
+    return store
+
+
+def _eval_store(cfg, model, k, why, dev, pad_id, run) -> PrefixStore | None:
+    if not cfg.trainer.cache_frozen_eval:
+        run.tags({"speed.cache_frozen_eval": "off"})
+        return None
+    if why is not None or not dev:
+        run.tags({"speed.cache_frozen_eval": f"not applied: {why or 'no dev windows'}"})
+        return None
+    device = next(model.parameters()).device
+    lengths = [len(f["input_ids"]) for f in dev]
+    store = PrefixStore.empty(lengths, model.config.hidden_size, device)
+    diff = check(PrefixCached(model, k, None, store), dev, pad_id, index_key="eval_index")
+    store.filled.zero_()  # the first evaluation computes every window, in its own precision (bf16)
+    if not diff <= 1e-3:  # on by default: an unsupported encoder evaluates the usual way
+        reason = f"the cached forward of {type(model).__name__} differs by {diff:.3g}"
+        log.warning("trainer.cache_frozen_eval: not applied (%s)", reason)
+        run.tags({"speed.cache_frozen_eval": f"not applied: {reason}"})
+        return None
+    kept = f"dev windows: embeddings + blocks 0-{k - 1}, kept from the first evaluation"
+    run.tags({"speed.cache_frozen_eval": kept})
+    return store

@@ -47,6 +47,7 @@ _FREE_PARAMS = (
     "tracking.", "data.root", "model.name_or_path",
     "trainer.threads", "trainer.eval_batch_size", "data.tokenized_cache", "trainer.measure_flops",
     "trainer.sorted_eval", "trainer.pin_memory", "trainer.fused_adamw", "trainer.embedding_rows",
+    "trainer.cache_frozen_eval",
     "trainer.fast_dropout",  # other dropout masks, the same distribution: like another seed
     "trainer.round_shapes",  # padding only (packed rows draw other dropout masks)
 )  # fmt: skip

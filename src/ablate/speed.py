@@ -20,6 +20,9 @@
   per-batch cost is least (``length_batches``); predictions are returned in the dataset's order.
   Every prediction step runs under ``torch.inference_mode()``; with bf16, under ``no_grad`` in
   one autocast region for the whole evaluation, so each weight is cast once.
+- ``trainer.cache_frozen`` / ``trainer.cache_frozen_eval``: the output of a frozen prefix of the
+  encoder computed once for the training windows / kept from the dev windows' first evaluation
+  (``ablate.prefix``).
 - ``trainer.bf16`` (null = on for a GPU that has it, off on CPU; ``true`` on a CPU with AVX-512
   BF16/AMX is opt-in: it changes the numerics), ``trainer.tf32`` and ``trainer.pin_memory``
   (GPU only).
@@ -52,8 +55,9 @@ from ablate.labels import IGNORE
 
 log = logging.getLogger(__name__)
 
-# Per-example keys that are not model inputs to pad but scalars to stack (prefix.py's cache index).
-PASSTHROUGH = ("prefix_index",)
+# Per-example keys that are not model inputs to pad but scalars to stack (prefix.py's cache
+# indices: training and dev windows).
+PASSTHROUGH = ("prefix_index", "eval_index")
 LENGTH_GROUPING = ("pack", "split", "bucket", "off")
 # Encoders whose embeddings take absolute ``position_ids`` counted from 0 and whose attention
 # takes a 4-D mask as given: a packed row then computes each window exactly as alone.
@@ -434,7 +438,8 @@ def sub_batch_cost(model: torch.nn.Module) -> int:
         blocks = model_lib.blocks(model)
     except AblateError:
         return SUB_BATCH_COST
-    running = blocks[model.k if isinstance(model, PrefixCached) else 0 :]
+    cached = isinstance(model, PrefixCached) and model.store is not None  # training on the cache
+    running = blocks[model.k if cached else 0 :]
     if not len(running):
         return SUB_BATCH_COST
     params = sum(p.numel() for block in running for p in block.parameters()) / len(running)

@@ -124,6 +124,7 @@ class PrepareStore(Callback):
 NOT_IDENTITY = (
     "tracking", "skip_finished", "trainer.resume", "data.root",
     "data.tokenized_cache", "data.tokenized_cache_dir", "trainer.sorted_eval", "trainer.pin_memory",
+    "trainer.cache_frozen_eval",
 )  # fmt: skip
 
 

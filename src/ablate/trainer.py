@@ -219,8 +219,9 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
         applied.trainable_pct, applied.frozen_blocks,
     )  # fmt: skip
 
-    # trainer.cache_frozen: train blocks k.. on the cached output of a frozen prefix (ablate.prefix)
-    model, train_set = prefix.wrap(cfg, applied, features["train"], tokenizer, run)
+    # trainer.cache_frozen(_eval): blocks k.. run on the cached output of a frozen prefix, in
+    # training and in dev evaluations after the first (ablate.prefix)
+    model, features = prefix.wrap(cfg, applied, features, tokenizer, run)
     # trainer.embedding_rows: only the word-embedding rows the training data uses train
     rows_callbacks = embedding_rows.wrap(cfg, applied, model, features["train"], run)
     with _checkpoint_folder() as output_dir:
@@ -233,7 +234,7 @@ def fit(cfg: DictConfig, run: tracking.Run) -> dict[str, float]:
             round_shapes=speed.round_shapes(cfg.trainer, args),  # bf16 on CPU: few batch shapes
             model=model,
             args=args,
-            train_dataset=train_set,
+            train_dataset=features["train"],
             eval_dataset=features["dev"],
             data_collator=collator,
             processing_class=tokenizer,
