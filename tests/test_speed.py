@@ -729,11 +729,23 @@ def test_training_only_the_used_embedding_rows_updates_like_the_full_table(
     others = [(n, p) for n, p in sparse.named_parameters() if "word_embeddings" not in n]
     for name, param in others:
         torch.testing.assert_close(param, dense.get_parameter(name), atol=1e-6, rtol=1e-4)
+    # a checkpoint holds the trained table: loaded by hand into a plain model, or resumed
+    trainer.save_model(str(tmp_path / "saved"))
+    by_hand = AutoModelForTokenClassification.from_pretrained(tmp_path / "saved")
+    assert type(by_hand.get_input_embeddings()) is torch.nn.Embedding
+    torch.testing.assert_close(
+        by_hand.get_input_embeddings().weight.detach(), table, atol=1e-6, rtol=1e-5
+    )
+    resumed = build()[0].model  # as a resumed run builds it: initial weights, then the rows
+    resumed_rows = embedding_rows.apply(resumed, train)
+    resumed.load_state_dict(sparse.state_dict())
+    torch.testing.assert_close(resumed_rows.merged(), table, atol=1e-6, rtol=1e-5)
     batch = DataCollatorForTokenClassification(tokenizer)(dev[:16])
     batch.pop("labels")
     with torch.no_grad():
-        logits = [m.eval()(**batch).logits for m in (sparse, dense)]
-    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-4)
+        logits = [m.eval()(**batch).logits for m in (sparse, dense, by_hand, resumed)]
+    for other in logits[1:]:
+        torch.testing.assert_close(logits[0], other, atol=1e-5, rtol=1e-4)
 
 
 def test_embedding_rows_leave_the_padding_row_untrained_like_nn_embedding():

@@ -11,7 +11,8 @@ other rows are read through one shared scale that the optimiser's step multiplie
 ``1 - lr * weight_decay`` of the rows' parameter group. Outputs and updates are the full table's
 up to float rounding. It applies to strategies that leave the word embeddings trainable with the
 Trainer's own optimiser groups and no callbacks (``none``, first/last k, alternating); the tag
-``speed.embedding_rows`` says how many rows train, or why it did not apply.
+``speed.embedding_rows`` says how many rows train, or why it did not apply. Its state dict (and
+so a checkpoint) holds the full table as the dense update would have left it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ class RowsEmbedding(nn.Embedding):
         slot = self.slot[ids]
         used = F.embedding(slot.clamp(min=0), self.trained)
         return torch.where((slot >= 0).unsqueeze(-1), used, rest)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        # A checkpoint holds the table the dense update would have left, with the decay folded
+        # in (scale 1): ``from_pretrained`` of a plain model then loads the trained embeddings,
+        # and loading it back here (resume) reads the same rows.
+        destination[prefix + "weight"] = self.merged()
+        destination[prefix + "scale"] = torch.ones_like(self.scale)
 
     def decay(self, factor: float) -> None:
         """Apply one step's weight decay ``factor`` to the rows that do not train."""
