@@ -36,6 +36,7 @@ from ablate import (
 )
 from ablate import model as model_lib
 from ablate.errors import AblateError
+from ablate.labels import IGNORE
 from ablate.trainer import training_arguments
 
 TASK = tasks.get("pos")
@@ -699,6 +700,64 @@ def test_dev_evaluations_after_the_first_reuse_the_frozen_prefix(features, token
     wrapped.train()
     wrapped(**train_batch)
     assert prefix_calls == [1]
+
+
+@pytest.mark.parametrize(("sorted_eval", "bf16"), [(True, False), (False, True)])
+def test_the_trainers_dev_evaluations_reuse_the_kept_prefix(
+    tmp_path, features, tokenizer, sorted_eval, bf16
+):
+    overrides = ("freeze=first4", "freeze.embeddings=true", f"trainer.bf16={str(bf16).lower()}")
+    applied, cfg = build(*overrides)
+    full = copy.deepcopy(applied.model)
+    wrapped, feats = prefix.wrap(cfg, applied, features, tokenizer, FakeRun())
+    calls = []
+    model_lib.blocks(applied.model)[0].register_forward_hook(lambda *args: calls.append(1))
+    trainer = make_trainer(
+        tmp_path / "cached", wrapped, feats["train"], feats["dev"], tokenizer, sorted_eval,
+        *overrides,
+    )  # fmt: skip
+    first = trainer.predict(feats["dev"])
+    after_first = len(calls)
+    second = trainer.predict(feats["dev"])
+    assert after_first > 0 and len(calls) == after_first  # no block below 4 ran the second time
+    plain = make_trainer(
+        tmp_path / "full", full, features["train"], features["dev"], tokenizer, sorted_eval,
+        *overrides,
+    )  # fmt: skip
+    expected = plain.predict(features["dev"])
+    scored = expected.label_ids != IGNORE  # padded positions' logits come from other inputs
+    for out in (first, second):
+        np.testing.assert_array_equal(out.label_ids, expected.label_ids)
+        np.testing.assert_array_equal(out.predictions[scored], expected.predictions[scored])
+        assert out.metrics["test_accuracy"] == expected.metrics["test_accuracy"]
+
+
+def test_checkpoints_of_a_prefix_cached_model_are_the_wrapped_models(tmp_path, features, tokenizer):
+    def wrapped_model():
+        applied, cfg = build("freeze=first4", "freeze.embeddings=true")
+        wrapped, feats = prefix.wrap(cfg, applied, features, tokenizer, FakeRun())
+        assert isinstance(wrapped, prefix.PrefixCached)
+        return applied.model, wrapped, feats
+
+    inner, wrapped, feats = wrapped_model()
+    with torch.no_grad():
+        inner.classifier.weight.add_(1.0)  # unlike a fresh build's
+    trained = inner.classifier.weight.detach().clone()
+    cached = make_trainer(tmp_path / "a", wrapped, feats["train"], feats["dev"], tokenizer)
+    cached.save_model(str(tmp_path / "from-cached"))
+    by_hand = AutoModelForTokenClassification.from_pretrained(tmp_path / "from-cached")
+    assert torch.equal(by_hand.classifier.weight, trained)
+    # resumed where the caches do not apply (trainer.cache_frozen_eval=false, older code) ...
+    plain = build("freeze=first4", "freeze.embeddings=true")[0].model
+    uncached = make_trainer(tmp_path / "b", plain, features["train"], features["dev"], tokenizer)
+    uncached._load_from_checkpoint(str(tmp_path / "from-cached"))
+    assert torch.equal(plain.classifier.weight, trained)
+    # ... and the other way round
+    uncached.save_model(str(tmp_path / "from-plain"))
+    inner, wrapped, feats = wrapped_model()
+    cached = make_trainer(tmp_path / "c", wrapped, feats["train"], feats["dev"], tokenizer)
+    cached._load_from_checkpoint(str(tmp_path / "from-plain"))
+    assert torch.equal(inner.classifier.weight, trained)
 
 
 # --- embedding rows -----------------------------------------------------------------------------

@@ -17,6 +17,9 @@ evaluated after every epoch: each window's prefix output is computed in its firs
 the head. Evaluation has no dropout, so this changes no result (tested); it applies wherever the
 prefix is frozen, with or without ``trainer.cache_frozen``.
 
+Checkpoints of a ``PrefixCached`` model hold the wrapped model's state dict (its keys, not
+``model.``-prefixed) and config, so a run resumes whether or not a cache applies this time.
+
 Valid only where nothing below block k trains: ``freeze.embeddings=true`` with ``first`` (or
 ``all``, or ``layers`` starting at 0), strategy ``layers``, no adapters; elsewhere the run goes on
 without the cache and says why (tag ``speed.cache_frozen``). Works for encoders whose base model
@@ -26,6 +29,7 @@ is caught by a check of the cached forward against the full one before training.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import time
@@ -65,19 +69,27 @@ class PrefixStore:
             hidden=torch.zeros(int(lengths.sum()) + 1, hidden_size, device=device),
             offsets=offsets.to(device),
             lengths=lengths.to(device),
-            filled=torch.zeros(len(lengths), dtype=torch.bool),
+            filled=torch.zeros(len(lengths), dtype=torch.bool, device=device),
+        )
+
+    def to(self, device) -> PrefixStore:
+        """This store on ``device``."""
+        return dataclasses.replace(
+            self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)}
         )
 
     @property
     def nbytes(self) -> int:
         return self.hidden.numel() * self.hidden.element_size()
 
-    def fill(self, index: Sequence[int], out: torch.Tensor) -> None:
+    def fill(self, index, out: torch.Tensor) -> None:
         """Store row j of ``out`` (B, L, hidden), real tokens only, as window ``index[j]``'s."""
-        for j, i in enumerate(index):
-            start, n = int(self.offsets[i]), int(self.lengths[i])
-            self.hidden[start : start + n] = out[j, :n].float()
-            self.filled[i] = True
+        index = torch.as_tensor(index, device=self.offsets.device)
+        pos = torch.arange(out.size(1), device=self.offsets.device)
+        real = pos < self.lengths[index, None]
+        rows = self.offsets[index, None] + pos
+        self.hidden[rows[real]] = out[real.to(out.device)].to(self.hidden)
+        self.filled[index] = True
 
     def batch(self, index: torch.Tensor, length: int) -> torch.Tensor:
         """(B, length, hidden) for windows ``index``, zero-padded on the right."""
@@ -235,6 +247,16 @@ class PrefixCached(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()
 
+    # Checkpoints hold the wrapped model's keys (no ``model.`` prefix), as an unwrapped run of the
+    # same config writes them: a killed run resumes whether or not the caches apply this time.
+    _keys_to_ignore_on_save = None  # the Trainer reads it after loading a checkpoint
+
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
     def forward(
         self, input_ids=None, attention_mask=None, labels=None, prefix_index=None,
         prefix_hidden=None, eval_index=None, **kw,
@@ -253,16 +275,18 @@ class PrefixCached(nn.Module):
             )
 
     def _eval_prefix(self, index, input_ids, attention_mask, kw) -> torch.Tensor:
+        if self.eval_store.hidden.device != input_ids.device:  # still empty: the Trainer's device
+            self.eval_store = self.eval_store.to(input_ids.device)
         store = self.eval_store
-        missing = ~store.filled[index.cpu()]
+        index = index.to(input_ids.device)
+        missing = ~store.filled[index]
         if missing.any():  # a first evaluation: the prefix runs on those rows, as in the full model
             batch = {"input_ids": input_ids, "attention_mask": attention_mask}
             if kw.get("token_type_ids") is not None:
                 batch["token_type_ids"] = kw["token_type_ids"]
-            rows = missing.to(input_ids.device)
             with torch.no_grad():  # frozen; the store must not join a graph
-                out = _prefix_output(self.model, self.k, {k: v[rows] for k, v in batch.items()})
-            store.fill(index.cpu()[missing].tolist(), out)
+                out = _prefix_output(self.model, self.k, {k: v[missing] for k, v in batch.items()})
+            store.fill(index[missing], out)
         return store.batch(index, input_ids.size(1))
 
 
@@ -355,10 +379,15 @@ def _eval_store(cfg, model, k, why, dev, pad_id, run) -> PrefixStore | None:
     device = next(model.parameters()).device
     lengths = [len(f["input_ids"]) for f in dev]
     store = PrefixStore.empty(lengths, model.config.hidden_size, device)
-    diff = check(PrefixCached(model, k, None, store), dev, pad_id, index_key="eval_index")
+    try:
+        diff = check(PrefixCached(model, k, None, store), dev, pad_id, index_key="eval_index")
+    except Exception as exc:  # on by default: no encoder may fail a run through it
+        diff, failed = float("nan"), f"{type(exc).__name__}: {exc}"
+    else:
+        failed = None
     store.filled.zero_()  # the first evaluation computes every window, in its own precision (bf16)
-    if not diff <= 1e-3:  # on by default: an unsupported encoder evaluates the usual way
-        reason = f"the cached forward of {type(model).__name__} differs by {diff:.3g}"
+    if not diff <= 1e-3:  # an encoder the cached forward does not fit evaluates the usual way
+        reason = failed or f"the cached forward of {type(model).__name__} differs by {diff:.3g}"
         log.warning("trainer.cache_frozen_eval: not applied (%s)", reason)
         run.tags({"speed.cache_frozen_eval": f"not applied: {reason}"})
         return None

@@ -615,6 +615,15 @@ class AblateTrainer(Trainer):
     def _get_eval_sampler(self, eval_dataset):
         return SequentialSampler(eval_dataset) if has_length(eval_dataset) else None
 
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        from ablate.prefix import PrefixCached
+
+        if isinstance(self.model, PrefixCached) and self.args.should_save:
+            # The Trainer saved the wrapped model's weights only (it is no PreTrainedModel); with
+            # its config beside them the checkpoint loads with from_pretrained like any other.
+            self.model.config.save_pretrained(output_dir or self.args.output_dir)
+
     def prediction_step(self, *args, **kwargs):
         # bf16: no_grad, as autocast keeps no bf16 weight copies under inference mode
         grad = torch.no_grad() if self.args.bf16 else torch.inference_mode()
