@@ -653,6 +653,22 @@ def test_a_cached_forward_that_differs_is_refused_or_left_out(features, tokenize
         prefix.wrap(cfg, applied, features, tokenizer, FakeRun())  # asked for: an error
 
 
+def test_a_cached_forward_that_fails_leaves_dev_evaluation_the_usual_way(
+    features, tokenizer, monkeypatch
+):
+    def fails(*args):
+        raise RuntimeError("sequence length should be a multiple of 4")
+
+    monkeypatch.setattr(prefix, "_prefix_output", fails)
+    applied, cfg = build("freeze=first4", "freeze.embeddings=true")
+    run = FakeRun()
+    model, feats = prefix.wrap(cfg, applied, features, tokenizer, run)
+    assert model is applied.model and feats is features
+    assert run.tag_log["speed.cache_frozen_eval"] == (
+        "not applied: RuntimeError: sequence length should be a multiple of 4"
+    )
+
+
 def test_dev_evaluations_after_the_first_reuse_the_frozen_prefix(features, tokenizer):
     applied, cfg = build("freeze=first4", "freeze.embeddings=true")  # cache_frozen_eval: default
     full = copy.deepcopy(applied.model).eval()  # the same weights, evaluated the usual way
