@@ -262,7 +262,7 @@ class PrefixCached(nn.Module):
         prefix_hidden=None, eval_index=None, **kw,
     ):  # fmt: skip
         if prefix_index is not None:
-            prefix_hidden = self.store.batch(prefix_index, input_ids.size(1))
+            prefix_hidden = self.training_prefix(prefix_index, input_ids)
         elif eval_index is not None and self.eval_store is not None and not self.training:
             prefix_hidden = self._eval_prefix(eval_index, input_ids, attention_mask, kw)
         if prefix_hidden is None:
@@ -273,6 +273,12 @@ class PrefixCached(nn.Module):
             return self.model(
                 input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kw
             )
+
+    def training_prefix(self, index: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, L, hidden): the stored prefix output of training windows ``index``."""
+        if self.store.hidden.device != input_ids.device:  # computed before the Trainer moved us
+            self.store = self.store.to(input_ids.device)
+        return self.store.batch(index, input_ids.size(1))
 
     def _eval_prefix(self, index, input_ids, attention_mask, kw) -> torch.Tensor:
         if self.eval_store.hidden.device != input_ids.device:  # still empty: the Trainer's device

@@ -477,10 +477,7 @@ def _prefix_hidden(model: torch.nn.Module, inputs: Mapping) -> Mapping:
     if not isinstance(model, PrefixCached) or inputs.get("prefix_index") is None:
         return inputs
     out = {k: v for k, v in inputs.items() if k != "prefix_index"}
-    width = inputs["input_ids"].size(1)
-    out["prefix_hidden"] = model.store.batch(inputs["prefix_index"], width).to(
-        inputs["input_ids"].device
-    )
+    out["prefix_hidden"] = model.training_prefix(inputs["prefix_index"], inputs["input_ids"])
     return out
 
 
