@@ -274,16 +274,21 @@ class PrefixCached(nn.Module):
                 input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kw
             )
 
+    def _store_on(self, name: str, device: torch.device) -> PrefixStore:
+        """Store ``name`` ("store", "eval_store") on ``device``: both are made before the Trainer
+        moves the model, so the first batch moves them."""
+        store = getattr(self, name)
+        if store.hidden.device != device:
+            store = store.to(device)
+            setattr(self, name, store)
+        return store
+
     def training_prefix(self, index: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, L, hidden): the stored prefix output of training windows ``index``."""
-        if self.store.hidden.device != input_ids.device:  # computed before the Trainer moved us
-            self.store = self.store.to(input_ids.device)
-        return self.store.batch(index, input_ids.size(1))
+        return self._store_on("store", input_ids.device).batch(index, input_ids.size(1))
 
     def _eval_prefix(self, index, input_ids, attention_mask, kw) -> torch.Tensor:
-        if self.eval_store.hidden.device != input_ids.device:  # still empty: the Trainer's device
-            self.eval_store = self.eval_store.to(input_ids.device)
-        store = self.eval_store
+        store = self._store_on("eval_store", input_ids.device)
         index = index.to(input_ids.device)
         missing = ~store.filled[index]
         if missing.any():  # a first evaluation: the prefix runs on those rows, as in the full model
@@ -346,6 +351,10 @@ def wrap(
     return PrefixCached(model, k, store, eval_store), out
 
 
+def _prefix_name(k: int) -> str:
+    return f"embeddings + blocks 0-{k - 1}"
+
+
 def _train_store(cfg, model, k, why, train, pad_id, run) -> PrefixStore | None:
     if not cfg.trainer.cache_frozen:
         run.tags({"speed.cache_frozen": "off"})
@@ -365,7 +374,7 @@ def _train_store(cfg, model, k, why, train, pad_id, run) -> PrefixStore | None:
             f"full one by {diff:.3g}; this architecture is not supported, set "
             f"trainer.cache_frozen=false"
         )
-    what = f"embeddings + blocks 0-{k - 1}"
+    what = _prefix_name(k)
     run.tags({"speed.cache_frozen": what})
     run.metrics({"cache_frozen_time_s": seconds, "cache_frozen_mb": store.nbytes / 2**20})
     log.info(
@@ -397,6 +406,6 @@ def _eval_store(cfg, model, k, why, dev, pad_id, run) -> PrefixStore | None:
         log.warning("trainer.cache_frozen_eval: not applied (%s)", reason)
         run.tags({"speed.cache_frozen_eval": f"not applied: {reason}"})
         return None
-    kept = f"dev windows: embeddings + blocks 0-{k - 1}, kept from the first evaluation"
+    kept = f"dev windows: {_prefix_name(k)}, kept from the first evaluation"
     run.tags({"speed.cache_frozen_eval": kept})
     return store
