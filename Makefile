@@ -53,7 +53,7 @@ lr-search: $(STAMP) ## a fair lr per freeze option: one Optuna study each, then 
 	$(PY) -m ablate.search freeze=$(LR_FREEZE) $(ARGS)
 
 bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio table in reports/bench/ and MLflow (ARGS="--epochs 1 ...")
-	$(PY) -m ablate.bench --uri "$(TRACKING_URI)" $(ARGS)
+	$(PY) benchmarks/bench.py --uri "$(TRACKING_URI)" $(ARGS)
 
 report: $(STAMP) ## comparison report from the tracked runs: charts, summary.md, summary.csv in reports/ (ARGS="--sweep latest")
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
@@ -62,10 +62,10 @@ ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT)
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
 
 server: $(STAMP) ## team MLflow server + UI on PostgreSQL at http://127.0.0.1:$(PORT) (DB_URL=... : existing database)
-	$(PY) -m ablate.server start --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)")
+	$(PY) -m ablate.tracking.server start --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)")
 
 server-stop: $(STAMP) ## stop the server and database that `make server` started (by pid)
-	$(PY) -m ablate.server stop
+	$(PY) -m ablate.tracking.server stop
 
 clean: ## remove run outputs and caches (keeps mlflow.db and .venv)
 	rm -rf outputs .pytest_cache .ruff_cache

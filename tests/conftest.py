@@ -8,11 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
+
+from ablate.config import conf_dir
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # `make bench`'s code, outside the package
 SHARED_DATA = ROOT.parent / "shared" / "data"
 os.environ.setdefault("ABLATE_DATA_DIR", str(SHARED_DATA))
 DATA = Path(os.environ["ABLATE_DATA_DIR"])
@@ -86,3 +90,41 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.Comp
         text=True,
         timeout=timeout,
     )
+
+
+def compose_cfg(*overrides: str):
+    """The composed ``train`` config with ``overrides``, as ``python -m ablate.train`` sees it."""
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+class FakeRecorder:
+    """Collects what a run records (``ablate.training.recorder.Recorder``), in memory."""
+
+    resumed = None
+
+    def __init__(self):
+        self.tag_log: dict[str, str] = {}
+        self.metric_log: dict[str, float] = {}
+
+    def tags(self, tags):
+        self.tag_log.update({k: str(v) for k, v in tags.items()})
+
+    def metrics(self, values, step=None):
+        self.metric_log.update(values)
+
+    def heartbeat(self):
+        pass
+
+
+def fit_here(cfg):
+    """One run of ``cfg`` in this process, as the CLI runs it: prepared, then tracked and fit.
+    Returns (run id, results)."""
+    from ablate.tracking.run import start_run
+    from ablate.training.fit import fit
+    from ablate.training.prepare import prepare
+
+    prepared = prepare(cfg)
+    with start_run(cfg, prepared.files.sha256) as run:
+        results = fit(cfg, prepared, run)
+    return run.id, results

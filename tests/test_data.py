@@ -8,8 +8,10 @@ import pytest
 from conftest import EWT, NAIJA, conllu_blocks, write_treebank
 from omegaconf import OmegaConf
 
-from ablate import data, labels
+from ablate.data import files
+from ablate.data.sentences import check_labels
 from ablate.errors import AblateError
+from ablate.tasks.pos import UPOS, read_conllu
 
 # EWT dev sentence with a multiword token (1-2 It's) and two empty nodes (10.1, 21.1).
 MWT_AND_EMPTY = "answers-20111108072305AAPJTjj_ans-0005"
@@ -28,20 +30,20 @@ def test_multiword_ranges_and_empty_nodes_are_skipped(tmp_path):
     assert len(words) < len(rows)  # the sentence really has ranges and empty nodes
     path = tmp_path / "one.conllu"
     path.write_text(block + "\n", encoding="utf-8")
-    (sentence,) = data.read_conllu(path)
+    (sentence,) = read_conllu(path)
     assert sentence.words == tuple(r[1] for r in words)
     assert sentence.labels == tuple(r[3] for r in words)
     assert "It's" not in sentence.words and sentence.words[:2] == ("It", "'s")
-    (lower,) = data.read_conllu(path, lowercase=True)
+    (lower,) = read_conllu(path, lowercase=True)
     assert lower.words[0] == "it" and lower.labels == sentence.labels
 
 
 def test_word_counts_match_the_treebank_statistics():
     # stats.xml of UD_Naija-NSC r2.16: dev 990 sentences / 14571 tokens
-    sentences = data.read_conllu(NAIJA / "pcm_nsc-ud-dev.conllu")
+    sentences = read_conllu(NAIJA / "pcm_nsc-ud-dev.conllu")
     assert len(sentences) == 990
     assert sum(len(s.words) for s in sentences) == 14571
-    labels.check_labels(sentences, labels.UPOS, "naija dev")
+    check_labels(sentences, UPOS, "naija dev")
 
 
 def test_label_outside_the_upos_inventory_names_file_line_and_tag(tmp_path):
@@ -53,7 +55,7 @@ def test_label_outside_the_upos_inventory_names_file_line_and_tag(tmp_path):
     with pytest.raises(
         AblateError, match=rf"bad\.conllu:{line}: word .* has label 'NOUN2', not one of ADJ"
     ):
-        labels.check_labels(data.read_conllu(path), labels.UPOS, str(path))
+        check_labels(read_conllu(path), UPOS, str(path))
 
 
 GOOD = "1\tdem\tdem\tPRON\t_\t_\t2\tnsubj\t_\t_"
@@ -85,37 +87,37 @@ def test_malformed_conllu_names_file_and_line(tmp_path, lines, bad_line, message
     else:
         where = offset + bad_line
     with pytest.raises(AblateError, match=rf"broken\.conllu:{where}: {message}"):
-        data.read_conllu(path)
+        read_conllu(path)
 
 
 def test_empty_split_file_is_an_error(tmp_path):
     path = tmp_path / "x-ud-dev.conllu"
     path.write_text("\n", encoding="utf-8")
     with pytest.raises(AblateError, match="x-ud-dev.conllu: no sentences"):
-        data.read_conllu(path)
+        read_conllu(path)
 
 
 def test_user_treebank_is_found_by_the_ud_naming_pattern(slice_root):
-    found = data.locate(ud_cfg(slice_root, "UD_Naija-Slice"))
+    found = files.locate(ud_cfg(slice_root, "UD_Naija-Slice"))
     assert {s: p.name for s, p in found.paths.items()} == {
         "train": "pcm_slice-ud-train.conllu",
         "dev": "pcm_slice-ud-dev.conllu",
         "test": "pcm_slice-ud-test.conllu",
     }
-    assert found.sha256["dev"] == data.sha256_of(found.paths["dev"])
+    assert found.sha256["dev"] == files.sha256_of(found.paths["dev"])
 
 
 def test_missing_or_ambiguous_split_files_are_clear_errors(tmp_path):
-    with pytest.raises(AblateError, match="UD_Nowhere: no such folder"):
-        data.locate(ud_cfg(tmp_path, "UD_Nowhere"))
+    with pytest.raises(AblateError, match="UD_Nowhere does not exist"):
+        files.locate(ud_cfg(tmp_path, "UD_Nowhere"))
     blocks = conllu_blocks(NAIJA / "pcm_nsc-ud-dev.conllu")[:3]
     folder = write_treebank(tmp_path / "ud" / "UD_Two", "a", {"train": blocks, "dev": blocks})
     with pytest.raises(AblateError, match=r"expected exactly one \*-ud-test\.conllu file, found 0"):
-        data.locate(ud_cfg(tmp_path, "UD_Two"))
+        files.locate(ud_cfg(tmp_path, "UD_Two"))
     write_treebank(folder, "a", {"test": blocks})
     write_treebank(folder, "b", {"test": blocks})
     with pytest.raises(AblateError, match="found 2 .a-ud-test.conllu, b-ud-test.conllu"):
-        data.locate(ud_cfg(tmp_path, "UD_Two"))
+        files.locate(ud_cfg(tmp_path, "UD_Two"))
 
 
 def test_pinned_release_with_altered_file_is_refused(tmp_path):
@@ -126,10 +128,10 @@ def test_pinned_release_with_altered_file_is_refused(tmp_path):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("train", overrides=["data=naija", f"data.root={tmp_path}"]).data
     shutil.copytree(NAIJA, tmp_path / "ud" / "UD_Naija-NSC")
-    assert data.locate(cfg).sha256["test"] == cfg.splits.test.sha256
+    assert files.locate(cfg).sha256["test"] == cfg.splits.test.sha256
     dev = tmp_path / "ud" / "UD_Naija-NSC" / "pcm_nsc-ud-dev.conllu"
     dev.write_text(dev.read_text(encoding="utf-8") + "\n", encoding="utf-8")
     with pytest.raises(
         AblateError, match="pcm_nsc-ud-dev.conllu: sha256 .* differs from the pinned"
     ):
-        data.locate(cfg)
+        files.locate(cfg)

@@ -8,10 +8,10 @@ import http.server
 import threading
 
 import pytest
-from conftest import NAIJA, run_cli
+from conftest import NAIJA, logged_runs, run_cli
 from omegaconf import OmegaConf
 
-from ablate import data
+from ablate.data import files
 from ablate.errors import AblateError
 
 
@@ -40,7 +40,7 @@ def digest(path) -> str:
 def test_good_download_is_kept(server, tmp_path):
     url, served = server
     dest = tmp_path / "cache" / "ud" / "UD_Naija-NSC" / "pcm_nsc-ud-dev.conllu"
-    data.fetch(f"{url}/pcm_nsc-ud-dev.conllu", digest(served / "pcm_nsc-ud-dev.conllu"), dest)
+    files.fetch(f"{url}/pcm_nsc-ud-dev.conllu", digest(served / "pcm_nsc-ud-dev.conllu"), dest)
     assert dest.read_bytes() == (NAIJA / "pcm_nsc-ud-dev.conllu").read_bytes()
 
 
@@ -48,7 +48,7 @@ def test_sha256_mismatch_is_a_clear_error_and_nothing_is_kept(server, tmp_path):
     url, _ = server
     dest = tmp_path / "cache" / "pcm_nsc-ud-dev.conllu"
     with pytest.raises(AblateError, match="failed its sha256 check.*not kept"):
-        data.fetch(f"{url}/pcm_nsc-ud-dev.conllu", "0" * 64, dest)
+        files.fetch(f"{url}/pcm_nsc-ud-dev.conllu", "0" * 64, dest)
     assert list(dest.parent.iterdir()) == []
 
 
@@ -69,7 +69,7 @@ def test_locate_downloads_missing_pinned_splits_into_the_root(server, tmp_path):
             "splits": splits,
         }
     )
-    found = data.locate(cfg)
+    found = files.locate(cfg)
     assert all(
         p.parent == root / "ud" / "UD_Naija-NSC" and p.is_file() for p in found.paths.values()
     )
@@ -87,6 +87,14 @@ def test_cli_without_data_or_network_prints_one_line_saying_how_to_provide_it(tm
     )
     assert proc.returncode == 2
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "ERROR" in line]
-    assert len(errors) == 1 and "ABLATE_DATA_DIR" in errors[0] and "could not download" in errors[0]
+    assert len(errors) == 1, errors
+    # which files, where it looked, the two ways to provide them; short
+    folder = tmp_path / "empty" / "ud" / "UD_Naija-NSC"
+    for needle in ("pcm_nsc-ud-train.conllu", "pcm_nsc-ud-test.conllu", str(folder),
+                   "downloading them failed", "data.root", "internet"):  # fmt: skip
+        assert needle in errors[0], needle
+    assert len(errors[0]) < 600 + 2 * len(str(folder))
     assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "empty" / "ud" / "UD_Naija-NSC" / "pcm_nsc-ud-train.conllu").exists()
+    assert (proc.stdout + proc.stderr).count("downloading http") == 1  # tried once, not per lookup
+    assert not (folder / "pcm_nsc-ud-train.conllu").exists()
+    assert not logged_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")  # nothing tracked

@@ -13,11 +13,13 @@ from transformers import (
     XLMRobertaConfig,
 )
 
-from ablate import freeze, labels
-from ablate import model as model_lib
+from ablate import strategies
 from ablate.config import conf_dir
 from ablate.errors import AblateError
+from ablate.models import anatomy
+from ablate.models.build import build as build_model
 from ablate.tasks import TASKS
+from ablate.tasks.pos import UPOS
 
 
 def compose_cfg(*overrides: str):
@@ -28,7 +30,7 @@ def compose_cfg(*overrides: str):
 @pytest.fixture(scope="module")
 def minilm():
     cfg = compose_cfg("model=minilm")
-    return model_lib.build(cfg.model, TASKS["pos"].model_class, labels.UPOS), cfg
+    return build_model(cfg.model, TASKS["pos"].model_class, UPOS), cfg
 
 
 def bert_sizes(c, num_labels: int) -> dict[str, int]:
@@ -60,9 +62,9 @@ EXPECTED = {
 @pytest.mark.parametrize("option", sorted(EXPECTED))
 def test_minilm_trainable_counts_are_exact(minilm, option):
     model, _ = minilm
-    sizes = bert_sizes(model.config, len(labels.UPOS))
+    sizes = bert_sizes(model.config, len(UPOS))
     blocks, emb = EXPECTED[option]
-    applied = freeze.apply(model, compose_cfg(f"freeze={option}").freeze)
+    applied = strategies.apply(model, compose_cfg(f"freeze={option}").freeze)
     assert applied.total_params == sizes["total"]
     assert (
         applied.trainable_params
@@ -74,8 +76,8 @@ def test_minilm_trainable_counts_are_exact(minilm, option):
 
 def test_freezing_the_embeddings_too(minilm):
     model, _ = minilm
-    sizes = bert_sizes(model.config, len(labels.UPOS))
-    applied = freeze.apply(model, compose_cfg("freeze=all", "freeze.embeddings=true").freeze)
+    sizes = bert_sizes(model.config, len(UPOS))
+    applied = strategies.apply(model, compose_cfg("freeze=all", "freeze.embeddings=true").freeze)
     assert applied.trainable_params == sizes["head"]  # only the classifier trains
     assert applied.embeddings_frozen
     assert 0.0 < applied.trainable_pct < 0.1
@@ -84,7 +86,7 @@ def test_freezing_the_embeddings_too(minilm):
 def test_selectors_combine_as_a_union(minilm):
     model, _ = minilm
     cfg = compose_cfg("freeze=first2", "freeze.layers=[5]", "freeze.last=1").freeze
-    assert freeze.apply(model, cfg).frozen_blocks == [0, 1, 5]
+    assert strategies.apply(model, cfg).frozen_blocks == [0, 1, 5]
 
 
 @pytest.mark.parametrize(
@@ -98,7 +100,7 @@ def test_selectors_combine_as_a_union(minilm):
 def test_block_index_beyond_the_model_is_a_clear_error(minilm, override, message):
     model, _ = minilm
     with pytest.raises(AblateError, match=message):
-        freeze.apply(model, compose_cfg(override).freeze)
+        strategies.apply(model, compose_cfg(override).freeze)
 
 
 TINY = dict(
@@ -121,12 +123,12 @@ TINY = dict(
     ids=["bert", "roberta", "xlm-roberta", "electra", "distilbert"],
 )
 def test_blocks_and_embeddings_are_found_model_agnostically(config, path):
-    config.num_labels = len(labels.UPOS)
+    config.num_labels = len(UPOS)
     model = AutoModelForTokenClassification.from_config(config)
-    blocks = model_lib.blocks(model)
+    blocks = anatomy.blocks(model)
     assert blocks is model.get_submodule(path) and len(blocks) == 3
     cfg = compose_cfg("freeze=first2", "freeze.embeddings=true").freeze
-    applied = freeze.apply(model, cfg)
+    applied = strategies.apply(model, cfg)
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     prefix = path.split(".")[0]
     assert any(n.startswith(f"{path}.0.") for n in frozen) and any(

@@ -17,8 +17,10 @@ import pytest
 from conftest import ROOT, run_cli, slice_overrides
 from mlflow.tracking import MlflowClient
 
-from ablate import charts, report
+from ablate import report
 from ablate.errors import AblateError
+from ablate.report import charts, stats
+from ablate.report.load import primary_metric
 
 CHART_FILES = [f"{name}.png" for name in report.CHARTS]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -33,11 +35,17 @@ def grid(slice_root, tmp_path_factory) -> SimpleNamespace:
     # cwd=tmp: MLflow puts a sqlite store's artifacts under ./mlruns of the creating process.
     proc = run_cli("--multirun", "freeze=none,all", "seed=1,2", *overrides, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # A block that does not exist: the run starts in MLflow, then fails before training.
-    failed = run_cli("freeze=first2", "freeze.layers=[99]", "seed=1", *overrides, cwd=tmp)
-    assert failed.returncode != 0
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("ablate")
+    # A run that failed in training (errors in the configuration or data leave no run at all):
+    # recorded as ablate records one, with the params of the grid's runs.
+    params = dict(client.search_runs([exp.experiment_id])[0].data.params)
+    params.update({"freeze": "first2", "freeze.first": "2", "seed": "1"})
+    failed = client.create_run(exp.experiment_id, run_name="UD_Naija-Slice-first2-tiny-s1").info
+    for key, value in params.items():
+        client.log_param(failed.run_id, key, value)
+    client.set_tag(failed.run_id, "error", "RuntimeError: out of memory (injected)")
+    client.set_terminated(failed.run_id, "FAILED")
     runs = client.search_runs([exp.experiment_id])
     assert sorted(r.info.status for r in runs) == ["FAILED"] + ["FINISHED"] * 4
     return SimpleNamespace(store=store, tmp=tmp, client=client, runs=runs)
@@ -158,7 +166,7 @@ def test_failed_and_missing_runs_are_left_out_and_listed(rep, cli):
     assert "first2" not in set(rep.summary.strategy)
     ex = rep.excluded.set_index(["freeze", "seed"])
     failed = ex.loc[("first2", 1)]
-    assert failed.status == "FAILED" and "freeze.layers" in failed.reason
+    assert failed.status == "FAILED" and "out of memory" in failed.reason
     assert ex.loc[("first2", 2)].status == "MISSING"  # the grid's seed 2 never ran
     assert len(rep.excluded) == 2
     md = (cli.out / "summary.md").read_text().split("## Runs left out")[1]
@@ -173,7 +181,7 @@ def test_one_seed_has_no_interval_and_says_so(grid, monkeypatch, tmp_path):
     with_preds = report.build(runs).summary.set_index("strategy")
     assert with_preds.loc["all", "delta_method"] == "paired bootstrap over dev words (1 seed)"
 
-    monkeypatch.setattr(report, "load_predictions", lambda uri, run_id: None)  # an older run
+    monkeypatch.setattr(stats, "load_predictions", lambda uri, run_id: None)  # an older run
     rep = report.build(runs)
     s = rep.summary.set_index("strategy")
     assert (s.n == 1).all() and s.dev_std_pct.isna().all() and s.dev_ci_low_pct.isna().all()
@@ -256,8 +264,8 @@ def test_strategy_order():
     assert report.strategy_order(names) == [
         "none", "embeddings", "first4", "all", "bitfit", "lora", "gradual", "alpha", "zeta",
     ]  # fmt: skip
-    assert report.primary_metric("pos") == "accuracy"
-    assert report.primary_metric("no-such-task") == "accuracy"
+    assert primary_metric({"best_dev_accuracy": 0.9, "dev_f1": 0.5}) == "accuracy"
+    assert primary_metric({}) == "accuracy"  # a run that logged none (failed early)
     # every strategy ablate knows, and any other, gets a colour of its own; the baseline black
     colours = charts.palette([*report.STRATEGY_ORDER, "alpha", "zeta"])
     assert len(set(colours.values())) == len(colours) and colours["none"] == charts.BASELINE_COLOR

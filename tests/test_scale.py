@@ -15,9 +15,9 @@ from conftest import run_cli, slice_overrides
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from ablate import server
 from ablate.config import conf_dir
 from ablate.errors import AblateError
+from ablate.tracking import server
 
 FREEZES = ("none", "all", "first2", "first4")
 

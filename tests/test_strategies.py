@@ -9,20 +9,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, logged_runs, run_cli, slice_overrides
+from conftest import ROOT, fit_here, logged_runs, run_cli, slice_overrides
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 from transformers import DataCollatorForTokenClassification, DistilBertConfig, TrainerCallback
 
-from ablate import data, freeze, labels, report, search, tracking, trainer
-from ablate import model as model_lib
+from ablate import report, search, strategies
 from ablate.config import conf_dir
+from ablate.data.encode import IGNORE, encode_words
 from ablate.errors import AblateError
+from ablate.models import anatomy
+from ablate.models.build import build as build_model
+from ablate.models.build import load_tokenizer
+from ablate.strategies import lora
 from ablate.tasks import TASKS
+from ablate.tasks.pos import UPOS, read_conllu
+from ablate.tracking.history import latest_per_step
 
 NEW = ("lora", "bitfit", "llrd", "gradual", "embeddings")
-C = len(labels.UPOS)
+C = len(UPOS)
 
 
 def compose_cfg(*overrides: str):
@@ -31,7 +37,7 @@ def compose_cfg(*overrides: str):
 
 
 def build(cfg):
-    return model_lib.build(cfg.model, TASKS["pos"].model_class, labels.UPOS)
+    return build_model(cfg.model, TASKS["pos"].model_class, UPOS)
 
 
 def bert_parts(c) -> dict[str, int]:
@@ -77,7 +83,7 @@ def minilm():
 def test_minilm_trainable_counts_are_exact(minilm, option):
     cfg = compose_cfg(f"freeze={option}")
     model = build(cfg) if option == "lora" else minilm  # LoRA modifies the model it wraps
-    applied = freeze.apply(model, cfg.freeze)
+    applied = strategies.apply(model, cfg.freeze)
     expected = expected_counts(option, cfg, model.config)
     assert (applied.trainable_params, applied.total_params) == expected
     trainable = sum(p.numel() for p in applied.model.parameters() if p.requires_grad)
@@ -98,14 +104,14 @@ def test_bert_pooler_trains_with_the_sentence_head(option):
     # pooler, the same layer, sits inside it.
     cfg = compose_cfg("model=tiny", f"freeze={option}")
     task = TASKS["sst2"]
-    applied = freeze.apply(model_lib.build(cfg.model, task.model_class, task.labels), cfg.freeze)
+    applied = strategies.apply(build_model(cfg.model, task.model_class, task.labels), cfg.freeze)
     h, n = applied.model.config.hidden_size, len(task.labels)
 
     def trainable() -> dict[str, int]:  # under LoRA the trained copy (peft keeps a frozen one)
-        inner = model_lib.unwrap(applied.model)
+        inner = anatomy.unwrap(applied.model)
         return {
             name: sum(p.numel() for p in module.parameters() if p.requires_grad)
-            for name, module in (("pooler", model_lib.pooler(inner)), ("head", inner.classifier))
+            for name, module in (("pooler", anatomy.pooler(inner)), ("head", inner.classifier))
         }
 
     assert trainable() == {"pooler": h * h + h, "head": h * n + n}
@@ -121,7 +127,7 @@ def test_bert_pooler_trains_with_the_sentence_head(option):
 def test_bilstm_head_on_a_frozen_minilm_counts():
     cfg = compose_cfg("freeze=all", "model.head=bilstm")
     model = build(cfg)
-    applied = freeze.apply(model, cfg.freeze)
+    applied = strategies.apply(model, cfg.freeze)
     c, p = model.config, bert_parts(model.config)
     h = c.hidden_size // 2  # model.lstm_hidden: null = half the encoder's width
     lstm = 2 * 4 * (h * c.hidden_size + h * h + 2 * h)  # 2 directions x 4 gates, 2 bias vectors
@@ -132,16 +138,16 @@ def test_bilstm_head_on_a_frozen_minilm_counts():
 
 
 def test_lora_targets_default_per_architecture_and_are_checked(minilm):
-    assert freeze.lora_targets(minilm, compose_cfg("freeze=lora").freeze) == ["query", "value"]
+    assert lora.lora_targets(minilm, compose_cfg("freeze=lora").freeze) == ["query", "value"]
     distil = DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=37, num_labels=C)
     distil_model = TASKS["pos"].model_class.from_config(distil)
-    assert freeze.lora_targets(distil_model, compose_cfg("freeze=lora").freeze) == [
+    assert lora.lora_targets(distil_model, compose_cfg("freeze=lora").freeze) == [
         "q_lin",
         "v_lin",
     ]
     cfg = compose_cfg("freeze=lora", "freeze.target_modules=[query,qkv]").freeze
     with pytest.raises(AblateError, match=r"freeze\.target_modules=.*\['qkv'\].*query, value"):
-        freeze.lora_targets(minilm, cfg)
+        lora.lora_targets(minilm, cfg)
 
 
 @pytest.mark.parametrize(
@@ -159,7 +165,7 @@ def test_lora_targets_default_per_architecture_and_are_checked(minilm):
 )
 def test_bad_strategy_settings_are_clear_errors(minilm, overrides, message):
     with pytest.raises(AblateError, match=message):
-        freeze.apply(minilm, compose_cfg(*overrides).freeze)
+        strategies.apply(minilm, compose_cfg(*overrides).freeze)
 
 
 def test_unknown_head_is_a_clear_error():
@@ -169,7 +175,7 @@ def test_unknown_head_is_a_clear_error():
         build(compose_cfg("model=tiny", "model.lstm_hidden=5"))  # ignored by the linear head
 
 
-# -- real training, in this process (the same trainer.fit the CLI calls) -----------------------
+# -- real training, in this process (what the CLI runs) ---------------------------------------
 
 
 class Recorder(TrainerCallback):
@@ -180,7 +186,7 @@ class Recorder(TrainerCallback):
         return self
 
     def _blocks(self):
-        return model_lib.blocks(self.model)
+        return anatomy.blocks(self.model)
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
         self.groups = [dict(g) for g in optimizer.param_groups]
@@ -199,24 +205,23 @@ class Recorder(TrainerCallback):
 
 
 def fit(slice_root, store, *overrides):
-    """trainer.fit (what the CLI runs) on the Naija slice with the tiny model, in this process."""
+    """A run (what the CLI runs) on the Naija slice with the tiny model, in this process."""
     base = [o for o in slice_overrides(slice_root, store, ROOT) if not o.startswith("hydra.")]
     cfg = compose_cfg(*base, *overrides)
-    with tracking.start_run(cfg) as run:
-        results = trainer.fit(cfg, run)
-    return cfg, run.id, results
+    run_id, results = fit_here(cfg)
+    return cfg, run_id, results
 
 
 def record(monkeypatch, recorder: Recorder) -> Recorder:
     """Add ``recorder`` to the callbacks of the next strategy applied, after the strategy's own."""
-    original = freeze.apply
+    original = strategies.apply
 
     def apply(model, cfg):
         applied = original(model, cfg)
         applied.callbacks.append(lambda run: recorder.bind(applied.model))
         return applied
 
-    monkeypatch.setattr(freeze, "apply", apply)
+    monkeypatch.setattr(strategies, "apply", apply)
     return recorder
 
 
@@ -226,7 +231,7 @@ def test_llrd_learning_rates_read_back_from_the_optimizer(slice_root, store, mon
         slice_root, store, "freeze=llrd", "freeze.decay=0.5", "trainer.lr=1e-3", "trainer.epochs=1"
     )
     lr, decay, wd = cfg.trainer.lr, cfg.freeze.decay, cfg.trainer.weight_decay
-    n = len(model_lib.blocks(rec.model))
+    n = len(anatomy.blocks(rec.model))
     expected = {"head": lr, "embeddings": lr * decay**n}
     expected.update({f"block{i}": lr * decay ** (n - 1 - i) for i in range(n)})
     seen = {}
@@ -238,7 +243,7 @@ def test_llrd_learning_rates_read_back_from_the_optimizer(slice_root, store, mon
             assert g["weight_decay"] == (0.0 if no_decay else wd), names[id(p)]
             seen[id(p)] = g["group"]
     assert len(seen) == len(names)  # every parameter, each in one group
-    blocks = model_lib.blocks(rec.model)
+    blocks = anatomy.blocks(rec.model)
     assert all(seen[id(p)] == "block0" for p in blocks[0].parameters())
     assert rec.groups[0]["group"] == "head"  # the Trainer logs the first group's lr
 
@@ -249,7 +254,7 @@ def test_gradual_unfreezes_on_schedule(slice_root, store, monkeypatch):
         slice_root, store, "freeze=gradual", "freeze.schedule=[0,2,7]", "trainer.epochs=3",
         "trainer.lr=1e-3",
     )  # fmt: skip
-    n = len(model_lib.blocks(rec.model))
+    n = len(anatomy.blocks(rec.model))
     for epoch, k in enumerate([0, 2, n]):  # 7 = every block and the embeddings
         tops = [i >= n - k for i in range(n)]
         seen = rec.epochs[epoch]
@@ -257,12 +262,12 @@ def test_gradual_unfreezes_on_schedule(slice_root, store, monkeypatch):
         assert seen["changed"] == tops, epoch  # unfrozen blocks do get optimiser steps
     history = MlflowClient(store).get_metric_history(run_id, "trainable_params")
     by_step = {m.step: int(m.value) for m in history}
-    model, blocks = rec.model, model_lib.blocks(rec.model)
+    model, blocks = rec.model, anatomy.blocks(rec.model)
     head = sum(p.numel() for p in model.classifier.parameters())
     two = sum(p.numel() for b in blocks[n - 2 :] for p in b.parameters())
     everything = sum(p.numel() for p in model.parameters())
     assert by_step == {0: head, 1: head, 2: head + two, 3: everything}
-    assert all(p.requires_grad for p in model_lib.embeddings(model).parameters())
+    assert all(p.requires_grad for p in anatomy.embeddings(model).parameters())
 
 
 class InterruptAfterDev(TrainerCallback):
@@ -279,7 +284,7 @@ class InterruptAfterDev(TrainerCallback):
 def test_a_resumed_gradual_run_keeps_its_schedule_and_one_dev_score_per_epoch(
     slice_root, store, monkeypatch
 ):
-    original = freeze.apply
+    original = strategies.apply
 
     def interrupted(model, cfg):
         applied = original(model, cfg)
@@ -287,10 +292,10 @@ def test_a_resumed_gradual_run_keeps_its_schedule_and_one_dev_score_per_epoch(
         return applied
 
     args = ("freeze=gradual", "freeze.schedule=[0,2,7]", "trainer.epochs=3", "trainer.lr=1e-3")
-    monkeypatch.setattr(freeze, "apply", interrupted)
+    monkeypatch.setattr(strategies, "apply", interrupted)
     with pytest.raises(KeyboardInterrupt):  # epoch 2 scored on dev, its checkpoint not saved
         fit(slice_root, store, *args)
-    monkeypatch.setattr(freeze, "apply", original)
+    monkeypatch.setattr(strategies, "apply", original)
     rec = record(monkeypatch, Recorder())
     _, run_id, results = fit(slice_root, store, *args, "trainer.resume=true")
 
@@ -298,10 +303,10 @@ def test_a_resumed_gradual_run_keeps_its_schedule_and_one_dev_score_per_epoch(
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["ablate.resumed"] == "true"
     # the resumed process trains epochs 2 and 3 from epoch 1's checkpoint, on the schedule
-    n = len(model_lib.blocks(rec.model))
+    n = len(anatomy.blocks(rec.model))
     assert [e["trains"] for e in rec.epochs] == [[i >= n - k for i in range(n)] for k in (2, n)]
-    trainable = report.latest_per_step(client.get_metric_history(run_id, "trainable_params"))
-    model, blocks = rec.model, model_lib.blocks(rec.model)
+    trainable = latest_per_step(client.get_metric_history(run_id, "trainable_params"))
+    model, blocks = rec.model, anatomy.blocks(rec.model)
     head = sum(p.numel() for p in model.classifier.parameters())
     two = sum(p.numel() for b in blocks[n - 2 :] for p in b.parameters())
     everything = sum(p.numel() for p in model.parameters())
@@ -309,7 +314,7 @@ def test_a_resumed_gradual_run_keeps_its_schedule_and_one_dev_score_per_epoch(
     # epoch 2 was scored twice (killed, then again); it counts once, with its retrained score
     points = client.get_metric_history(run_id, "dev_accuracy")
     assert sorted(m.step for m in points) == [1, 2, 2, 3]
-    dev = list(report.latest_per_step(points).values())
+    dev = list(latest_per_step(points).values())
     assert results["best_epoch"] == dev.index(max(dev)) + 1 <= 3
     assert results["best_dev_accuracy"] == max(dev)
     history = report.load_runs("ablate", store).history
@@ -346,10 +351,10 @@ def test_lora_adapter_artifact_reloads_with_the_same_predictions(slice_root, sto
 
     path = client.download_artifacts(run_id, "predictions/dev.json", str(tmp_path))
     logged = json.loads(Path(path).read_text())
-    tokenizer = model_lib.load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model)
     dev = next((slice_root / "ud" / "UD_Naija-Slice").glob("*-ud-dev.conllu"))
-    label2id = {name: i for i, name in enumerate(labels.UPOS)}
-    feats = labels.encode(data.read_conllu(dev, lowercase=True), tokenizer, label2id, 128)
+    label2id = {name: i for i, name in enumerate(UPOS)}
+    feats = encode_words(read_conllu(dev, lowercase=True), tokenizer, label2id, 128)
     collate = DataCollatorForTokenClassification(tokenizer)
     gold, pred = [], []
     size = cfg.trainer.eval_batch_size
@@ -357,7 +362,7 @@ def test_lora_adapter_artifact_reloads_with_the_same_predictions(slice_root, sto
         for start in range(0, len(feats), size):
             batch = collate(feats[start : start + size])
             out = reloaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-            mask = batch["labels"] != labels.IGNORE
+            mask = batch["labels"] != IGNORE
             gold += batch["labels"][mask].tolist()
             pred += out.logits.argmax(-1)[mask].tolist()
     assert gold == logged["gold"]

@@ -2,18 +2,26 @@
 
 The schemas are registered in Hydra's ConfigStore as ``ablate_schema``; ``conf/train.yaml`` lists it
 first in its defaults, so every group option is merged onto a typed node and a misspelt key or a
-wrong type fails at composition, before any work starts.
+wrong type fails at composition, before any work starts. Every key carries its one-line doc and
+the flags the rest of the code derives from (``key``): whether it is part of a run's identity,
+and whether runs that differ in it are different settings. The speed switches are added from
+their registry (``ablate.speed.registry``), so no list of them is kept anywhere else.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+
+from ablate.speed import registry
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -35,9 +43,14 @@ def default_data_root() -> str:
     env = os.environ.get("ABLATE_DATA_DIR")
     if env:
         return str(Path(env).expanduser().resolve())
+    return str(user_cache())
+
+
+def user_cache() -> Path:
+    """The per-user cache folder of ablate (e.g. ``~/.cache/ablate``)."""
     import pooch
 
-    return str(pooch.os_cache("ablate"))
+    return Path(pooch.os_cache("ablate"))
 
 
 def default_tracking_uri() -> str:
@@ -66,50 +79,68 @@ def _register_resolvers() -> None:
         OmegaConf.register_new_resolver(name, fn, replace=True)
 
 
+def key(
+    default: Any = MISSING, doc: str = "", *, identity: bool = True, setting: bool = True,
+    added: bool = False,
+) -> Any:  # fmt: skip
+    """A schema field with its doc and flags.
+
+    ``identity=False``: where a run goes or how it is scheduled, not what it computes (left out
+    of the identity, never a setting). ``setting=False``: runs differing in it still compare as
+    seeds of one setting (a path, a thread count). ``added``: added after identities were first
+    recorded; hashed only when set away from its default.
+    """
+    meta = {"doc": doc, "identity": identity, "setting": setting and identity, "added": added}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class SplitFile:
     """One split file of a dataset; ``url``/``sha256`` pin a published release."""
 
-    file: str = MISSING
-    url: str | None = None
-    sha256: str | None = None
+    file: str = key(doc="file name, in the dataset's folder")
+    url: str | None = key(None, "where to download it")
+    sha256: str | None = key(None, "its pinned sha256; null = any file")
 
 
 @dataclass
-class DataConfig:
+class DataCore:
     """A dataset: where its files are and how to read them (``conf/data``)."""
 
-    name: str = MISSING  # short name used in run names and the ``data`` param
-    task: str = "pos"  # key into ablate.tasks.TASKS
-    root: str = "${ablate.data_root:}"
-    dir: str = MISSING  # folder of the split files, relative to ``root``
-    treebank: str | None = None  # UD folder name, for ``data=ud``
-    version: str | None = None  # release of the pinned files (UD version)
-    # Pinned files (name, URL, sha256) per split; empty = find them by the UD naming pattern.
-    splits: dict[str, SplitFile] = field(default_factory=dict)
+    name: str = key(doc="short name used in run names and the `data` param")
+    task: str = key("pos", "`pos`, `ner`, `sst2` (ablate.tasks)")
+    root: str = key(
+        "${ablate.data_root:}", "folder laid out like `ud/UD_<Name>/`; `$ABLATE_DATA_DIR`, else "
+        "the user cache (`conf/local/` may set it)", identity=False,
+    )  # fmt: skip
+    dir: str = key(doc="folder of the split files, relative to `data.root`")
+    treebank: str | None = key(None, "UD folder name (required with `data=ud`)")
+    version: str | None = key(None, "release of the pinned files (UD version)")
+    splits: dict[str, SplitFile] = key({}, "pinned files per split (file, url, sha256); empty = "
+                                       "found by the UD naming pattern")  # fmt: skip
     # No labelled test file (GLUE): hold out this share of train as test, drawn with split_seed,
     # a data setting and not the run's seed, so every run of a grid scores the same test set.
-    test_from_train: float | None = None
-    split_seed: int = 42
-    # More test sets (CoNLL-U paths, task pos) scored with the final model: test_accuracy/<folder>
-    extra_test: list[str] = field(default_factory=list)
-    lowercase: bool = True
-    max_train_sentences: int | None = None
-    max_length: int = 128
-    tokenized_cache: bool = True  # reuse tokenised splits across runs (keyed by a content hash)
-    tokenized_cache_dir: str | None = None  # null = <user cache>/ablate/tokenized
+    test_from_train: float | None = key(None, "hold out this share of train as the test set")
+    split_seed: int = key(42, "seed of that held-out test set (the same for every run of a grid)")
+    extra_test: list[str] = key([], "more CoNLL-U test files, scored as `test_accuracy/<folder>`")
+    lowercase: bool = key(True, "lowercase word forms (as the earlier studies)")
+    max_train_sentences: int | None = key(None, "use only the first N training sentences")
+    max_length: int = key(128, "sub-words per window: longer sentences are split into windows")
 
 
 @dataclass
 class ModelConfig:
     """The encoder (``conf/model``)."""
 
-    name: str = MISSING  # short name used in run names and the ``model`` param
-    name_or_path: str = MISSING  # hub id or local folder (config, tokenizer, weights)
-    pretrained: bool = True  # false: random weights from the (overridden) config
-    config_overrides: dict[str, Any] = field(default_factory=dict)
-    head: str = "linear"  # task head: linear (as the studies) | bilstm (BiLSTM, then linear)
-    lstm_hidden: int | None = None  # bilstm units per direction; null = half the encoder's width
+    name: str = key(doc="short name used in run names and the `model` param")
+    name_or_path: str = key(doc="hub id or local folder (config, tokenizer, weights)",
+                            setting=False)  # fmt: skip
+    pretrained: bool = key(True, "false: random weights from the (overridden) config")
+    config_overrides: dict[str, Any] = key({}, "config fields to change (hidden size, ...)")
+    head: str = key("linear", "task head: `linear` (as the studies) or `bilstm`")
+    lstm_hidden: int | None = key(None, "BiLSTM units per direction; null = half the width")
 
 
 @dataclass
@@ -120,68 +151,74 @@ class FreezeConfig:
     keys below; setting a key that the chosen strategy ignores is an error. The head always trains.
     """
 
-    name: str = MISSING  # short name used in run names and the ``freeze`` param
-    strategy: str = "layers"  # key into ablate.freeze.STRATEGIES
-    all: bool = False  # every transformer block
-    first: int = 0  # blocks 0..first-1
-    last: int = 0  # the last ``last`` blocks
-    every: int = 0  # blocks 0, every, 2*every, ... (every=2: alternating)
-    layers: list[int] = field(default_factory=list)  # explicit block indices
-    embeddings: bool = False  # the embedding layer (trainable in the earlier study)
-    # strategy=lora (peft): rank, scaling alpha, dropout; target_modules null = per architecture
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.1
-    target_modules: list[str] | None = None
-    decay: float = 0.9  # strategy=llrd: lr x decay^(depth from the top) per block
-    # strategy=gradual: top blocks trainable in epoch 1, 2, ... (the last holds; n_blocks + 1 also
-    # unfreezes the embeddings); null = 0, 1, 2, ...: one more block each epoch
-    schedule: list[int] | None = None
+    name: str = key(doc="short name used in run names and the `freeze` param")
+    strategy: str = key("layers", "the strategy family (ablate.strategies)")
+    all: bool = key(False, "freeze every transformer block")
+    first: int = key(0, "freeze blocks 0..first-1")
+    last: int = key(0, "freeze the last `last` blocks")
+    every: int = key(0, "freeze blocks 0, every, 2*every, ... (2: alternating)")
+    layers: list[int] = key([], "freeze these block indices")
+    embeddings: bool = key(False, "also freeze the embedding layer")
+    r: int = key(8, "LoRA rank")
+    alpha: int = key(16, "LoRA scaling alpha")
+    dropout: float = key(0.1, "LoRA dropout")
+    target_modules: list[str] | None = key(None, "LoRA targets; null = per architecture")
+    decay: float = key(0.9, "llrd: lr x decay^(depth from the top) per block")
+    schedule: list[int] | None = key(
+        None, "gradual: top blocks trainable in epoch 1, 2, ...; null = 0, 1, 2, ..."
+    )
 
 
 @dataclass
-class TrainerConfig:
+class TrainerCore:
     """Optimisation recipe (``conf/trainer``); defaults are the earlier study's."""
 
-    epochs: int = 5
-    lr: float = 5e-5
-    batch_size: int = 16
-    eval_batch_size: int = 64
-    # Speed (ablate.speed, .prefix, .embedding_rows, .dropout); all but cache_frozen keep results
-    # within seed noise.
-    # pack: random batches packed into fewer rows (same gradients) | split | bucket | off
-    length_grouping: str = "pack"
-    fused_adamw: bool = True  # the same AdamW update in one fused kernel
-    embedding_rows: bool = True  # only the word-embedding rows the train data uses train
-    fast_dropout: bool = True  # CPU dropout masks from int32 draws: other masks, same distribution
-    sorted_eval: bool = True  # dev/test in length order, inference mode; predictions keep order
-    cache_frozen: bool = False  # frozen embeddings + blocks 0..k-1 computed once (no dropout there)
-    cache_frozen_eval: bool = True  # the same for dev windows, kept from their first evaluation
-    bf16: bool | None = None  # bf16 autocast; null = on for a GPU that has it, off on CPU
-    # batch widths in multiples of 32 so shapes recur (oneDNN's bf16 kernels are built per shape);
-    # null = on for bf16 on a CPU
-    round_shapes: bool | None = None
-    tf32: bool = True  # GPU only: TF32 matmuls
-    pin_memory: bool = True  # GPU only: pinned host memory for batches
-    measure_flops: bool = False  # log executed training FLOPs (a FlopCounterMode probe)
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.0
-    threads: int | None = None  # torch intra-op threads; null = every core (divided among workers)
-    checkpoints: bool = True  # keep the last epoch's checkpoint until the run finishes (resume)
-    resume: bool = False  # continue the newest KILLED run of the same config from its checkpoint
-    # Stop after this many epochs without a better dev primary metric; the best epoch's model is
-    # restored before test (checkpoints forced on). null = train every epoch.
-    early_stopping_patience: int | None = None
+    epochs: int = key(5, "training epochs; dev is evaluated after each")
+    lr: float = key(5e-5, "AdamW learning rate (linear decay)")
+    batch_size: int = key(16, "windows per training batch")
+    eval_batch_size: int = key(64, "at most this many windows per dev/test batch", setting=False)
+    weight_decay: float = key(0.01, "AdamW weight decay")
+    warmup_ratio: float = key(0.0, "share of steps with linear warm-up, in [0, 1)")
+    threads: int | None = key(
+        None, "torch CPU threads; null = the CPUs this process may use, divided among a parallel "
+        "launcher's workers", setting=False,
+    )  # fmt: skip
+    checkpoints: bool = key(True, "keep the last epoch's checkpoint until the run finishes")
+    resume: bool = key(False, "continue the newest KILLED run of the same config", identity=False)
+    early_stopping_patience: int | None = key(
+        None, "stop after N epochs without a better primary dev metric; best epoch restored"
+    )
 
 
 @dataclass
 class TrackingConfig:
-    """Where runs are recorded (``conf/tracking``)."""
+    """Where runs are recorded (``conf/tracking``); nothing here changes what a run computes."""
 
-    uri: str = "${ablate.tracking_uri:}"
-    experiment: str = "ablate"
-    stale_after_min: float = 30.0  # a RUNNING run with no heartbeat this long is marked KILLED
-    tags: dict[str, str] = field(default_factory=dict)  # added to every run (e.g. its study)
+    uri: str = key("${ablate.tracking_uri:}", "MLflow store", identity=False)
+    experiment: str = key("ablate", "MLflow experiment", identity=False)
+    stale_after_min: float = key(
+        30.0, "a RUNNING run without a heartbeat this long is marked KILLED", identity=False
+    )
+    tags: dict[str, str] = key({}, "extra tags on every run", identity=False)
+
+
+def _with_switches(name: str, core: type, group: str) -> type:
+    """``core`` plus a field per speed switch of ``group`` (``ablate.speed.registry``)."""
+    fields = [
+        (
+            s.name,
+            s.type,
+            key(s.default, s.doc, identity=s.in_identity, setting=not s.comparable, added=s.added),
+        )
+        for s in registry.in_group(group)
+    ]
+    made = make_dataclass(name, fields, bases=(core,))
+    made.__module__ = __name__  # pickled by reference (a parallel launcher's workers)
+    return made
+
+
+DataConfig = _with_switches("DataConfig", DataCore, "data")
+TrainerConfig = _with_switches("TrainerConfig", TrainerCore, "trainer")
 
 
 @dataclass
@@ -193,8 +230,32 @@ class TrainConfig:
     freeze: FreezeConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    seed: int = 42
-    skip_finished: bool = False  # return at once if an identical config already has a FINISHED run
+    seed: int = key(42, "seeds model init, data order and dropout; sweep it: `seed=1,2,3`")
+    skip_finished: bool = key(
+        False, "return at once when an identical config already has a FINISHED run",
+        identity=False,
+    )  # fmt: skip
+
+
+GROUPS = {"data": DataConfig, "model": ModelConfig, "freeze": FreezeConfig,
+          "trainer": TrainerConfig, "tracking": TrackingConfig}  # fmt: skip
+
+
+def schema_keys() -> Iterator[tuple[str, dataclasses.Field]]:
+    """Every leaf key of the schema as (dotted name, its field), groups in schema order."""
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in GROUPS:
+            for sub in dataclasses.fields(GROUPS[f.name]):
+                yield f"{f.name}.{sub.name}", sub
+        else:
+            yield f.name, f
+
+
+@functools.cache
+def flags(name: str) -> dict[str, Any]:
+    """The ``identity``, ``setting`` or ``added`` flag of every schema key, by dotted key (a key
+    the schema does not know counts in the identity and as a setting, and is not ``added``)."""
+    return {k: f.metadata.get(name, name != "added") for k, f in schema_keys()}
 
 
 def register() -> None:

@@ -31,9 +31,8 @@ def freeze_table(model: str = "minilm") -> str:
     """Markdown table: each ``freeze`` option, what it does, its trainable params on ``model``."""
     from hydra import compose, initialize_config_dir
 
-    from ablate import freeze, labels
-    from ablate import model as model_lib
-    from ablate.tasks import TASKS
+    from ablate import strategies, tasks
+    from ablate.models.build import build
 
     rows = []
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -43,8 +42,8 @@ def freeze_table(model: str = "minilm") -> str:
         for option, extra, what in cases + VARIANTS:
             cfg = compose("train", overrides=[f"model={model}", f"freeze={option}", *extra])
             # A fresh model per option: strategies may wrap or change it.
-            net = model_lib.build(cfg.model, TASKS["pos"].model_class, labels.UPOS)
-            applied = freeze.apply(net, cfg.freeze)
+            pos = tasks.get("pos")
+            applied = strategies.apply(build(cfg.model, pos.model_class, pos.labels), cfg.freeze)
             name = " ".join([f"freeze={option}", *extra])
             count, total, pct = (
                 applied.trainable_params,

@@ -13,40 +13,17 @@ import argparse
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from ablate import config, report, tasks
+from ablate import config, tasks
 from ablate.errors import AblateError
-from ablate.tracking import MlflowClient, MlflowException
+from ablate.report.load import MlflowException
+from ablate.report.lrsearch import Study, all_studies, best, table
 
 PRESET = "hparams_search=lr"
-
-
-@dataclass(frozen=True)
-class Study:
-    """Where one option's study keeps its trials."""
-
-    freeze: str
-    name: str
-    uri: str
-    experiment: str
-    metric: str  # the objective, as logged: best_dev_<primary metric>
-
-
-@dataclass(frozen=True)
-class Best:
-    """The best trial of a study."""
-
-    study: Study
-    trials: int  # finished trials compared: those with the latest trial's settings
-    lr: float | None
-    value: float | None
-    run_id: str | None
-    other_settings: int = 0  # finished trials of the same name run with other settings
 
 
 def split_freeze(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -85,80 +62,6 @@ def run_study(freeze: str, overrides: Sequence[str]) -> int:
     """Run ``freeze``'s study in a child process (one Hydra sweep); its exit status."""
     cmd = [sys.executable, "-m", "ablate.train", "--multirun", PRESET, f"freeze={freeze}"]
     return subprocess.run([*cmd, *overrides]).returncode
-
-
-def _runs(study: Study, filter_string: str):
-    client = MlflowClient(tracking_uri=study.uri)
-    exp = client.get_experiment_by_name(study.experiment)
-    if exp is None:
-        return []
-    return client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=50000)
-
-
-def _recipe(run) -> dict[str, str]:
-    return {k: v for k, v in report.settings(run.data.params).items() if k != "trainer.lr"}
-
-
-def best(study: Study) -> Best:
-    """The finished trial of ``study`` with the highest objective, and how many finished.
-
-    The study's name says only data, model and freeze option; trials run with other settings
-    (an earlier search with other epochs, say) are left out, as the latest trial's settings
-    decide, the way the report treats seeds.
-    """
-    name = study.name.replace("'", "\\'")
-    runs = _runs(study, f"tags.study = '{name}' and attributes.status = 'FINISHED'")
-    scored = sorted(
-        (r for r in runs if study.metric in r.data.metrics), key=lambda r: r.info.start_time
-    )
-    if not scored:
-        return Best(study, 0, None, None, None)
-    latest = _recipe(scored[-1])
-    same = [r for r in scored if _recipe(r) == latest]
-    top = max(same, key=lambda r: r.data.metrics[study.metric])
-    return Best(
-        study,
-        len(same),
-        float(top.data.params["trainer.lr"]),
-        top.data.metrics[study.metric],
-        top.info.run_id,
-        len(scored) - len(same),
-    )
-
-
-def all_studies(template: Study) -> list[Study]:
-    """Every study with trials in ``template``'s experiment, by name."""
-    runs = _runs(template, "tags.study != ''")
-    found = {}
-    for r in runs:
-        name = r.data.tags.get("study")
-        task = r.data.params.get("data.task")
-        if name and name not in found and task in tasks.TASKS:
-            found[name] = Study(
-                r.data.params.get("freeze", "?"), name, template.uri, template.experiment,
-                f"best_dev_{tasks.get(task).primary_metric}",  # each study its task's objective
-            )  # fmt: skip
-    return [found[n] for n in sorted(found)]
-
-
-def table(rows: Sequence[Best]) -> str:
-    """The best lr per option as a markdown table."""
-    lines = [
-        "| freeze | study | trials | best lr | objective | best value | run |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for b in rows:
-        lr = f"{b.lr:.3g}" if b.lr is not None else "-"
-        value = f"{b.value:.4f}" if b.value is not None else "-"
-        run = b.run_id or "-"
-        trials = f"{b.trials}" + (
-            f" (+{b.other_settings} with other settings, not compared)" if b.other_settings else ""
-        )
-        lines.append(
-            f"| {b.study.freeze} | {b.study.name} | {trials} | {lr} | {b.study.metric} | {value} "
-            f"| {run} |"
-        )
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,8 @@
-"""``python -m ablate.train [--multirun] key=value ...``: one Hydra job = one MLflow run."""
+"""``python -m ablate.train [--multirun] key=value ...``: one Hydra job = one MLflow run.
+
+Only Hydra and the config schema are imported up front, so ``--help`` and configuration errors
+answer at once; the training stack is imported when a job runs.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,7 @@ import logging
 import hydra
 from omegaconf import DictConfig
 
-from ablate import config, tasks, tracking, trainer
-from ablate.errors import AblateError
+from ablate import config
 
 log = logging.getLogger("ablate")
 
@@ -17,6 +20,10 @@ log = logging.getLogger("ablate")
 def main(cfg: DictConfig) -> float:
     """Train and evaluate one configuration; returns the best dev score of the task's primary
     metric, ``best_dev_<primary>`` (the sweepers' objective)."""
+    from ablate import tasks
+    from ablate.errors import AblateError
+    from ablate.tracking import run as tracking
+
     try:
         primary = tasks.get(cfg.data.task).primary_metric
         if cfg.skip_finished and (twin := tracking.finished_twin(cfg)) is not None:
@@ -25,8 +32,12 @@ def main(cfg: DictConfig) -> float:
                 twin.info.run_name, twin.info.run_id,
             )  # fmt: skip
             return twin.data.metrics.get(f"best_dev_{primary}", float("nan"))
-        with tracking.start_run(cfg) as run:
-            results = trainer.fit(cfg, run)
+        from ablate.training.fit import fit
+        from ablate.training.prepare import prepare
+
+        prepared = prepare(cfg)  # everything checked before a run is opened
+        with tracking.start_run(cfg, prepared.files.sha256) as run:
+            results = fit(cfg, prepared, run)
     except AblateError as exc:
         log.error("%s", exc)
         if tracking.in_multirun():

@@ -1,0 +1,171 @@
+"""Finding dataset files, and fetching the pinned ones (``conf/data``)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from ablate.errors import AblateError
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """Located split files with their sha256."""
+
+    paths: dict[str, Path]
+    sha256: dict[str, str]
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file's bytes; read once per process while its size and mtime stay (a job
+    hashes its data and model files for its identity and again for the run's record)."""
+    stat = Path(path).stat()
+    return _sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class DownloadFailed(AblateError):
+    """A download that did not complete (network error); ``reason`` says why, briefly."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def fetch(url: str, sha256: str | None, dest: Path, hint: str | None = None) -> Path:
+    """Download ``url`` to ``dest`` with a progress bar, keeping it only if its sha256 matches.
+
+    pooch downloads to a temporary file and moves it into place only after the hash check,
+    so a failed or corrupt download leaves nothing behind. ``hint`` (where to put the file by
+    hand) ends the error message of a failed download.
+    """
+    import pooch
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        pooch.retrieve(
+            url,
+            known_hash=f"sha256:{sha256}" if sha256 else None,
+            fname=dest.name,
+            path=dest.parent,
+            progressbar=True,
+        )
+    except ValueError as exc:  # pooch's hash mismatch
+        raise AblateError(
+            f"{url}: downloaded file failed its sha256 check ({exc}); not kept"
+        ) from exc
+    except Exception as exc:  # network errors come in many types (requests, OSError, ...)
+        hint = hint or (
+            f"Put the file at {dest} yourself, or set ABLATE_DATA_DIR to a folder laid out like "
+            f"<root>/{dest.parent.name}/{dest.name}"
+        )
+        reason = f"{type(exc).__name__}: {str(exc)[:120]}"
+        raise DownloadFailed(f"could not download {url} ({reason}). {hint}", reason) from exc
+    return dest
+
+
+def _missing(cfg: DictConfig, folder: Path, files: list[str], why: str) -> str:
+    """The one error of missing data: which files, where, and the two ways to provide them."""
+    return (
+        f"data={cfg.name}: {', '.join(files)} not in {folder}, and {why}. Provide them: (1) set "
+        f"data.root to a folder holding {cfg.dir}/ (in conf/local/data.yaml, which `make setup` "
+        f"writes, or ABLATE_DATA_DIR), or (2) run once with internet access to download them "
+        f"into {folder}"
+    )
+
+
+def file_splits(cfg: DictConfig) -> tuple[str, ...]:
+    """The splits read from files: all three, or train and dev when ``data.test_from_train``
+    holds the test set out of train (a dataset whose published test split has no labels)."""
+    return SPLITS if cfg.get("test_from_train") is None else ("train", "dev")
+
+
+def locate(cfg: DictConfig) -> SplitFiles:
+    """Find (and, for pinned releases, download and verify) the split files of ``cfg``
+    (``file_splits``)."""
+    folder = Path(cfg.root) / cfg.dir
+    paths: dict[str, Path] = {}
+    needed = file_splits(cfg)
+    if cfg.splits:
+        for split in needed:
+            if split not in cfg.splits:
+                raise AblateError(f"data.splits of '{cfg.name}' has no '{split}' entry")
+        for split in needed:
+            spec = cfg.splits[split]
+            path = folder / spec.file
+            if not path.is_file():
+                missing = [
+                    cfg.splits[s].file
+                    for s in needed
+                    if not (folder / cfg.splits[s].file).is_file()
+                ]
+                if not spec.url:
+                    raise AblateError(_missing(cfg, folder, missing, f"data.splits.{split}.url "
+                                               "is not set"))  # fmt: skip
+                log.info("downloading %s -> %s", spec.url, path)
+                try:
+                    fetch(spec.url, spec.sha256, path)
+                except DownloadFailed as exc:
+                    why = f"downloading them failed ({exc.reason})"
+                    raise AblateError(_missing(cfg, folder, missing, why)) from None
+            paths[split] = path
+    else:
+        if not folder.is_dir():
+            raise AblateError(
+                f"data={cfg.name}: {folder} does not exist (data.root={cfg.root}). Set data.root "
+                f"(conf/local/data.yaml, or ABLATE_DATA_DIR) to a folder laid out like "
+                f"<root>/ud/UD_<Name>/"
+            )
+        for split in needed:
+            found = sorted(folder.glob(f"*-ud-{split}.conllu"))
+            if len(found) != 1:
+                raise AblateError(
+                    f"{folder}: expected exactly one *-ud-{split}.conllu file, found "
+                    f"{len(found)} ({', '.join(p.name for p in found) or 'none'})"
+                )
+            paths[split] = found[0]
+    sha = {split: sha256_of(path) for split, path in paths.items()}
+    for split, path in paths.items():
+        pinned = cfg.splits[split].sha256 if cfg.splits else None
+        if pinned and sha[split] != pinned:
+            release = f"{cfg.name} r{cfg.version}" if cfg.get("version") else cfg.name
+            raise AblateError(
+                f"{path}: sha256 {sha[split]} differs from the pinned {pinned} of {release}; use "
+                f"the published file (data.splits.{split}.url), or set "
+                f"data.splits.{split}.sha256=null to use this one"
+            )
+    return SplitFiles(paths=paths, sha256=sha)
+
+
+def extra_test_paths(cfg: DictConfig) -> list[Path]:
+    """The ``data.extra_test`` files: each absolute, or relative to the working directory or to
+    ``data.root``; a missing one is an error."""
+    paths = []
+    for given in cfg.extra_test or []:
+        path = Path(given).expanduser()
+        if not path.is_absolute() and not path.is_file():
+            path = Path(cfg.root) / path
+        if not path.is_file():
+            raise AblateError(
+                f"data.extra_test: {given}: no such file (give it absolute, or relative to the "
+                f"working directory or to data.root={cfg.root})"
+            )
+        paths.append(path)
+    return paths

@@ -1,0 +1,27 @@
+"""The comparison report, built only from tracked MLflow runs (``python -m ablate.report``).
+
+``load_runs`` reads an experiment into tidy tables (``load``); ``build`` turns them into a summary
+per dataset with intervals vs the ``none`` baseline and lists every run it leaves out
+(``summary``, ``stats``); ``write`` saves ``summary.csv``, ``summary.md`` and one PNG per chart
+(``render``, ``charts``). ``notebooks/compare.ipynb`` calls the same functions; ``lrsearch`` is the
+learning-rate search's table. Imports nothing of the training code.
+"""
+
+from ablate.report.load import Runs, load_runs
+from ablate.report.render import CHARTS, default_out_dir, markdown, table, write
+from ablate.report.stats import bootstrap_interval, load_predictions, t_interval
+from ablate.report.summary import (
+    BASELINE,
+    STRATEGY_ORDER,
+    Report,
+    build,
+    make_report,
+    settings,
+    strategy_order,
+)
+
+__all__ = [
+    "BASELINE", "CHARTS", "STRATEGY_ORDER", "Report", "Runs", "bootstrap_interval", "build",
+    "default_out_dir", "load_predictions", "load_runs", "make_report", "markdown", "settings",
+    "strategy_order", "table", "t_interval", "write",
+]  # fmt: skip

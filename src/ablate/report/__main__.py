@@ -1,0 +1,7 @@
+"""``python -m ablate.report``."""
+
+import sys
+
+from ablate.report.cli import main
+
+sys.exit(main())

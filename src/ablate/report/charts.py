@@ -1,0 +1,260 @@
+"""The report's charts (seaborn): one figure per chart, one panel per dataset, baseline marked.
+
+Each function takes an ``ablate.report.Report`` and returns a matplotlib Figure; nothing is
+computed here that the summary does not already hold, so charts and tables cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from contextlib import contextmanager
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.ticker import MaxNLocator
+
+from ablate.report.summary import STRATEGY_ORDER, Report
+
+BASELINE_COLOR = "#222222"
+PANEL_W, PANEL_H = 5.6, 4.2
+
+
+def palette(strategies) -> dict[str, str]:
+    """A fixed colour per strategy (same in every chart and report); the baseline is black."""
+    known = list(STRATEGY_ORDER[1:])
+    # tab10 without its grey (the colour of seed dots), plus tab20b's darks for the rest.
+    base = [c for i, c in enumerate(sns.color_palette("tab10").as_hex()) if i != 7]
+    base += ["#393b79", "#8c6d31", "#7b4173"]
+    extra = sorted(set(strategies) - set(STRATEGY_ORDER))
+    more = sns.color_palette("husl", len(extra)).as_hex() if extra else []
+    colours = {s: c for s, c in zip(known + extra, base + more, strict=True)}
+    colours[STRATEGY_ORDER[0]] = BASELINE_COLOR
+    return {s: colours.get(s, BASELINE_COLOR) for s in strategies}
+
+
+@contextmanager
+def _style():
+    with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.95):
+        yield
+
+
+def _panels(report: Report) -> list[str]:
+    return list(report.summary.panel.unique())
+
+
+def _figure(report: Report, rows: int = 1):
+    n = len(_panels(report))
+    fig, axes = plt.subplots(
+        rows, n, figsize=(PANEL_W * n, PANEL_H * rows), squeeze=False, layout="constrained"
+    )
+    return fig, axes
+
+
+def _label(metric: str) -> str:
+    return f"dev {metric} (%)"
+
+
+def _metric(report: Report) -> str:
+    metrics = report.summary.metric.unique()
+    return metrics[0] if len(metrics) == 1 else "score"
+
+
+def _titles(fig, report: Report, title: str, subtitle: str) -> None:
+    width = int(70 * len(_panels(report)))  # a long subtitle would widen a one-panel figure
+    fig.suptitle(f"{title}\n{textwrap.fill(subtitle, width)}", fontsize=12)
+    src = report.source
+    fig.text(
+        0.0, -0.02,
+        f"Source: MLflow experiment '{src.get('experiment')}', {len(report.runs)} runs; "
+        f"baseline = {report.baseline}.",
+        fontsize=8, color="0.35", ha="left", va="top",
+    )  # fmt: skip
+
+
+def _baseline_line(ax, y: float, text: str) -> None:
+    if y is None or math.isnan(y):
+        return
+    ax.axhline(y, ls="--", lw=1.2, color=BASELINE_COLOR, alpha=0.7, zorder=0)
+    ax.annotate(
+        text, xy=(1, y), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+        textcoords="offset points", ha="right", va="bottom", fontsize=8, color=BASELINE_COLOR,
+    )  # fmt: skip
+
+
+def _base_value(s: pd.DataFrame, report: Report, col: str) -> float:
+    row = s[s.strategy == report.baseline]
+    return float(row[col].iloc[0]) if len(row) else math.nan
+
+
+def _yerr(s: pd.DataFrame, mean: str, lo: str, hi: str) -> np.ndarray:
+    return np.vstack([s[mean] - s[lo], s[hi] - s[mean]]).clip(min=0)
+
+
+def _methods(values) -> str:
+    kinds = sorted({v for v in values if v})
+    return "; ".join(kinds) if kinds else "none"
+
+
+def accuracy(report: Report):
+    """Dev metric per strategy: mean over seeds, 95 % CI error bars, seeds as dots."""
+    with _style():
+        fig, axes = _figure(report)
+        for ax, panel in zip(axes[0], _panels(report), strict=True):
+            s = report.summary[report.summary.panel == panel].reset_index(drop=True)
+            runs = report.runs[report.runs.panel == panel].assign(pct=lambda d: d.dev * 100)
+            order, colours = list(s.strategy), palette(s.strategy)
+            for i, strategy in enumerate(order):  # seeds beside their bar, not on top of it
+                ys = runs[runs.freeze == strategy].pct
+                ax.scatter(np.full(len(ys), i + 0.2), ys, s=14, color="0.5", zorder=2,
+                           label="seeds" if i == 0 else None)  # fmt: skip
+            yerr = _yerr(s, "dev_mean_pct", "dev_ci_low_pct", "dev_ci_high_pct")
+            for i, r in s.iterrows():
+                base = r.strategy == report.baseline
+                ax.errorbar(
+                    i, r.dev_mean_pct, yerr=yerr[:, i : i + 1], fmt="*" if base else "o",
+                    ms=13 if base else 8, color=colours[r.strategy],
+                    capsize=5, lw=2, zorder=3,
+                )  # fmt: skip
+            _baseline_line(
+                ax, _base_value(s, report, "dev_mean_pct"), f"{report.baseline} (baseline)"
+            )
+            ax.set_xticks(range(len(order)), order)
+            ax.set_xlim(-0.5, len(order) - 0.5)
+            ax.set(title=panel, xlabel="freezing strategy", ylabel=_label(s.metric.iloc[0]))
+            ax.tick_params(axis="x", rotation=30)
+            handles, labels = ax.get_legend_handles_labels()
+            if handles:
+                ax.legend(handles[:1], labels[:1], loc="lower left", fontsize=8)
+        methods = _methods(report.summary.dev_ci_method)
+        _titles(fig, report, f"Dev {_metric(report)} per freezing strategy (mean over seeds)",
+                f"error bars: 95 % CI ({methods})")  # fmt: skip
+    return fig
+
+
+def convergence(report: Report):
+    """Dev metric vs epoch: mean over seeds, band = min–max over seeds."""
+    with _style():
+        fig, axes = _figure(report)
+        for ax, panel in zip(axes[0], _panels(report), strict=True):
+            s = report.summary[report.summary.panel == panel]
+            metric = s.metric.iloc[0]
+            h = report.history
+            h = h[(h.panel == panel) & (h.key == f"dev_{metric}")]
+            h = h.assign(pct=h.value * 100)
+            colours = palette(s.strategy)
+            for strategy, n in zip(s.strategy, s.n, strict=True):
+                base = strategy == report.baseline
+                sns.lineplot(
+                    data=h[h.freeze == strategy], x="epoch", y="pct", ax=ax,
+                    errorbar=("pi", 100) if n > 1 else None, color=colours[strategy],
+                    label=f"{strategy} (baseline)" if base else strategy, marker="o",
+                    lw=2.6 if base else 1.6, ls="--" if base else "-", zorder=3 if base else 2,
+                )  # fmt: skip
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set(title=panel, xlabel="epoch", ylabel=_label(metric))
+            ax.legend(fontsize=8, loc="best")
+        one = (report.summary.n == 1).all()
+        band = "one seed per strategy: no band" if one else "band: min–max over seeds"
+        _titles(
+            fig,
+            report,
+            f"Convergence: dev {_metric(report)} after each epoch (mean over seeds)",
+            band,
+        )
+    return fig
+
+
+def accuracy_vs_params(report: Report):
+    """Dev metric vs trainable parameters, one labelled point per strategy."""
+    with _style():
+        fig, axes = _figure(report)
+        for ax, panel in zip(axes[0], _panels(report), strict=True):
+            s = report.summary[report.summary.panel == panel].reset_index(drop=True)
+            colours = palette(s.strategy)
+            yerr = _yerr(s, "dev_mean_pct", "dev_ci_low_pct", "dev_ci_high_pct")
+            for i, r in s.iterrows():
+                base = r.strategy == report.baseline
+                ax.errorbar(
+                    r.trainable_params_m, r.dev_mean_pct, yerr=yerr[:, i : i + 1],
+                    fmt="*" if base else "o", ms=14 if base else 8, color=colours[r.strategy],
+                    capsize=4, lw=1.5, zorder=3,
+                )  # fmt: skip
+                ax.annotate(
+                    f"{r.strategy} (baseline)" if base else r.strategy,
+                    (r.trainable_params_m, r.dev_mean_pct), xytext=(7, 7 if i % 2 else -12),
+                    textcoords="offset points", fontsize=9, color=colours[r.strategy],
+                )  # fmt: skip
+            _baseline_line(ax, _base_value(s, report, "dev_mean_pct"), "")
+            spread = s.trainable_params_m.max() / max(s.trainable_params_m.min(), 1e-12)
+            xlabel = "trainable parameters (M)"
+            if spread > 20:  # LoRA-like strategies sit orders of magnitude below the others
+                ax.set_xscale("log")
+                xlabel += ", log scale"
+            ax.margins(x=0.15, y=0.15)
+            ax.set(title=panel, xlabel=xlabel, ylabel=_label(s.metric.iloc[0]))
+        methods = _methods(report.summary.dev_ci_method)
+        _titles(fig, report, f"Dev {_metric(report)} vs trainable parameters (mean over seeds)",
+                f"error bars: 95 % CI ({methods}); dashed line: baseline")  # fmt: skip
+    return fig
+
+
+def train_time(report: Report):
+    """Training time per strategy (seeds as dots) and the savings in time and params vs baseline."""
+    with _style():
+        fig, axes = _figure(report, rows=2)
+        b = report.baseline
+        for col, panel in enumerate(_panels(report)):
+            top, bottom = axes[0, col], axes[1, col]
+            s = report.summary[report.summary.panel == panel].reset_index(drop=True)
+            runs = report.runs[report.runs.panel == panel]
+            order, colours = list(s.strategy), palette(s.strategy)
+            sns.barplot(
+                data=s, x="strategy", y="train_time_s", order=order, hue="strategy",
+                palette=colours, legend=False, ax=top, errorbar=None, alpha=0.85, width=0.6,
+            )  # fmt: skip
+            for bar, strategy in zip(top.patches, order, strict=False):
+                if strategy == b:
+                    bar.set_hatch("//")
+                    bar.set_edgecolor("white")
+            sns.stripplot(
+                data=runs, x="freeze", y="train_time_s", order=order, color="0.3", size=4,
+                jitter=0.12, ax=top,
+            )  # fmt: skip
+            for i, r in s.iterrows():
+                if r.strategy != b and not math.isnan(r.time_savings_pct):
+                    y = max(r.train_time_s, runs[runs.freeze == r.strategy].train_time_s.max())
+                    top.annotate(
+                        f"{-r.time_savings_pct:+.0f} %", (i, y), xytext=(0, 4),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                    )  # fmt: skip
+            _baseline_line(top, _base_value(s, report, "train_time_s"), f"{b} (baseline)")
+            top.set(title=panel, xlabel="", ylabel="train time (s), epochs only")
+
+            saved = s[s.strategy != b].melt(
+                id_vars="strategy", value_vars=["time_savings_pct", "param_savings_pct"],
+                var_name="saving", value_name="pct",
+            )  # fmt: skip
+            saved["saving"] = saved.saving.map(
+                {"time_savings_pct": "train time", "param_savings_pct": "trainable params"}
+            )
+            if saved.pct.notna().any():
+                sns.barplot(
+                    data=saved, x="strategy", y="pct", hue="saving", order=order[1:] if
+                    order[0] == b else order, palette=["#4c72b0", "#dd8452"], ax=bottom,
+                    errorbar=None, width=0.6,
+                )  # fmt: skip
+                bottom.legend(fontsize=8, title=None)
+            else:
+                bottom.text(0.5, 0.5, f"no {b} run: no savings", ha="center",
+                            transform=bottom.transAxes)  # fmt: skip
+            bottom.axhline(0, color=BASELINE_COLOR, lw=1)
+            bottom.set(xlabel="freezing strategy", ylabel=f"saving vs {b} (%)")
+            for ax in (top, bottom):
+                ax.tick_params(axis="x", rotation=30)
+        _titles(fig, report, "Training time per strategy and savings vs the baseline",
+                "time spent in training epochs (dev evaluation excluded); bars: mean over seeds, "
+                f"dots: seeds; labels: change vs {b}")  # fmt: skip
+    return fig

@@ -1,0 +1,47 @@
+"""``python -m ablate.report`` (``make report``): the comparison report from tracked runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ablate.errors import AblateError
+from ablate.report.load import load_runs
+from ablate.report.render import write
+from ablate.report.summary import BASELINE, build
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: read runs, write the report, print where it went and what was left out."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ablate.report",
+        description="Comparison report (summary.md, summary.csv, charts) from tracked MLflow runs.",
+    )
+    parser.add_argument("--uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
+                        "sqlite:///<project>/mlflow.db)")  # fmt: skip
+    parser.add_argument("--experiment", default="ablate", help="MLflow experiment name")
+    parser.add_argument("--data", nargs="+", help="only these datasets (the `data` param)")
+    parser.add_argument("--model", nargs="+", help="only these models (the `model` param)")
+    parser.add_argument("--sweep", help="only runs of this multirun folder, or 'latest'")
+    parser.add_argument("--status", nargs="+", help="only runs with these statuses")
+    parser.add_argument("--metric", help="primary metric (default: from each run's data.task)")
+    parser.add_argument("--baseline", default=BASELINE, help="strategy to compare against")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: reports/)")
+    args = parser.parse_args(argv)
+    try:
+        runs = load_runs(
+            args.experiment, args.uri, data=args.data, model=args.model, sweep=args.sweep,
+            status=args.status, metric=args.metric,
+        )  # fmt: skip
+        report = build(runs, baseline=args.baseline)
+        paths = write(report, args.out)
+    except AblateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    names = ", ".join(p.name for p in paths.values())
+    print(f"{len(report.runs)} runs used; wrote {names} to {paths['summary.md'].parent}")
+    for r in report.excluded.itertuples():
+        print(f"left out: {r.run_name or '-'} ({r.data}/{r.freeze}/s{r.seed}): {r.reason}")
+    return 0

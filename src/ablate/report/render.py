@@ -1,0 +1,142 @@
+"""The report as people read it: ``summary.md`` (a table per dataset, how intervals were made,
+the runs left out), ``summary.csv`` and one PNG per chart (``write``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from ablate.config import project_root
+from ablate.report.stats import N_BOOT
+from ablate.report.summary import Report
+
+CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
+
+
+def _num(x: float, digits: int = 2, sign: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _params(m: float) -> str:
+    return f"{m:.1f}" if m >= 100 else f"{m:.2f}" if m >= 1 else f"{m:.3g}"
+
+
+def table(report: Report, panel: str | None = None) -> pd.DataFrame:
+    """The summary as display strings (what ``summary.md`` shows), for one panel or all."""
+    s = report.summary if panel is None else report.summary[report.summary.panel == panel]
+    b = report.baseline
+    out = []
+    for r in s.itertuples():
+        dev = _num(r.dev_mean_pct)
+        dev += f" ± {_num(r.dev_std_pct)}" if r.n > 1 else " (1 seed)"
+        if r.delta_method == "baseline":
+            delta = "baseline"
+        else:
+            delta = _num(r.delta_dev_pt, sign=True)
+            if not math.isnan(r.delta_ci_low_pt):
+                delta += f" [{_num(r.delta_ci_low_pt, sign=True)}, "
+                delta += f"{_num(r.delta_ci_high_pt, sign=True)}]"
+        out.append(
+            {
+                "dataset": r.panel,
+                "strategy": r.strategy,
+                f"dev {r.metric} (%)": dev,
+                "n": r.n,
+                f"test {r.metric} (%)": _num(r.test_mean_pct)
+                + (f" ± {_num(r.test_std_pct)}" if r.n > 1 else ""),
+                "trainable params (M)": _params(r.trainable_params_m),
+                f"param savings vs {b} (%)": _num(r.param_savings_pct, 1),
+                "train time (s)": _num(r.train_time_s, 1),
+                f"time savings vs {b} (%)": _num(r.time_savings_pct, 1),
+                f"Δ dev vs {b} (pt) [95 % CI]": delta,
+                "interval": r.delta_method if r.delta_method != "baseline" else "",
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def _md_table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
+    def esc(v) -> str:
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(esc(c) for c in df.columns) + " |"]
+    lines.append("|" + "|".join("--:" if c in right else "---" for c in df.columns) + "|")
+    lines += ["| " + " | ".join(esc(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def markdown(report: Report, charts: bool = True) -> str:
+    """``summary.md``: a table per dataset, how intervals were made, charts, runs left out."""
+    src = report.source
+    filters = ", ".join(f"{k}={v}" for k, v in src.items() if k not in ("uri", "experiment"))
+    lines = [
+        "# ablate comparison report",
+        "",
+        f"Experiment `{src.get('experiment')}` in `{src.get('uri')}`"
+        + (f" ({filters})" if filters else "")
+        + f": {len(report.runs)} runs used, {int((report.excluded.status != 'MISSING').sum())} "
+        "left out. Every number is read from the runs' MLflow metrics.",
+        "",
+    ]
+    for panel in report.summary.panel.unique():
+        t = table(report, panel).drop(columns="dataset")
+        numeric = [c for c in t.columns if c not in ("strategy", "interval")]
+        lines += [f"## {panel}", "", _md_table(t, right=numeric), ""]
+    lines += [
+        "Metric values are the final model's (last epoch; with early stopping, the restored best "
+        "epoch's), mean ± std over seeds. Train time is "
+        "the time spent in training epochs (sum of `epoch_time_s`), without the dev evaluation "
+        "after each epoch; the Trainer's runtime, which includes it, is `trainer_runtime_s` in "
+        f"summary.csv. Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
+        "per-seed differences with 3 or more seeds, otherwise a percentile bootstrap over dev "
+        f"items (words or sentences; {N_BOOT} resamples, fixed RNG seed) when the runs logged "
+        "their dev predictions; "
+        "that bootstrap covers the choice of dev sentences, not seed-to-seed variation (the ± std "
+        "shows that): run 3 or more seeds for an interval over seeds.",
+        "",
+    ]
+    if report.notes:
+        lines += ["Notes:", "", *[f"- {n}" for n in report.notes], ""]
+    if charts:
+        lines += ["## Charts", ""] + [f"![{c}]({c}.png)" for c in CHARTS] + [""]
+    lines += ["## Runs left out", ""]
+    if report.excluded.empty:
+        lines += ["None: every run found was used.", ""]
+    else:
+        ex = report.excluded.assign(
+            run_name=report.excluded.run_name.fillna("–"), seed=report.excluded.seed.astype("Int64")
+        )
+        lines += [_md_table(ex.rename(columns={"freeze": "strategy"})), ""]
+    return "\n".join(lines)
+
+
+def default_out_dir() -> Path:
+    """``reports/`` at the project root (ignored by git)."""
+    return project_root() / "reports"
+
+
+def write(report: Report, out_dir: str | Path | None = None) -> dict[str, Path]:
+    """Write ``summary.csv``, ``summary.md`` and one PNG per chart; return their paths by name."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no window, whatever the environment's default
+    import matplotlib.pyplot as plt
+
+    from ablate.report import charts
+
+    out = Path(out_dir) if out_dir else default_out_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"}
+    report.summary.to_csv(paths["summary.csv"], index=False)
+    for name in CHARTS:
+        fig = getattr(charts, name)(report)
+        paths[name] = out / f"{name}.png"
+        fig.savefig(paths[name], dpi=120, bbox_inches="tight")
+        plt.close(fig)
+    paths["summary.md"].write_text(markdown(report), encoding="utf-8")
+    return paths

@@ -1,0 +1,286 @@
+"""The comparison: a summary row per dataset (and model) x strategy with intervals vs the ``none``
+baseline, and every run left out with the reason (``build``).
+
+Runs are compared only under equal settings: every param but the seed and the keys the schema
+marks as not a setting (``ablate.config.key``: paths, thread counts, speed switches that change no
+result beyond seed noise, from ``ablate.speed.registry``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ablate import config
+from ablate.config import default_tracking_uri
+from ablate.errors import AblateError
+from ablate.report.load import Runs, load_runs
+from ablate.report.stats import N_BOOT, Predictions, bootstrap_interval, t_interval
+
+BASELINE = "none"
+# Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
+STRATEGY_ORDER = (
+    "none", "embeddings", "first2", "first4", "alt", "last2", "all", "head_only",
+    "bitfit", "lora", "lora_qkv", "llrd", "gradual",
+)  # fmt: skip
+_EXCLUDED_COLUMNS = ["run_name", "data", "model", "freeze", "seed", "status", "reason"]
+
+
+def strategy_order(names: Iterable[str]) -> list[str]:
+    """``names`` in the report's order: ``STRATEGY_ORDER`` first, any others alphabetically."""
+    names = set(names)
+    return [s for s in STRATEGY_ORDER if s in names] + sorted(names - set(STRATEGY_ORDER))
+
+
+@dataclass
+class Report:
+    """A summary row per dataset (and model) x strategy, the runs behind it, and what was left out.
+
+    Metric values are in % and differences in percentage points; ``summary.*_method`` say how each
+    interval was computed.
+    """
+
+    summary: pd.DataFrame
+    runs: pd.DataFrame
+    history: pd.DataFrame
+    excluded: pd.DataFrame
+    notes: list[str]
+    source: dict[str, str]
+    baseline: str = BASELINE
+
+
+def settings(params: dict[str, str]) -> dict[str, str]:
+    """A run's params without those that may differ between seeds of one study (the seed, and
+    keys the schema marks as no setting: where files sit, threads, switches that change nothing
+    beyond seed noise): runs of one strategy with equal settings are its seeds. The strategy's
+    own ``freeze.*`` keys stay: a variant of a strategy is not one of its seeds."""
+    setting = config.flags("setting")
+    return {k: v for k, v in params.items() if k not in ("seed", "freeze") and setting.get(k, True)}
+
+
+def _diff(a: dict[str, str], b: dict[str, str]) -> str:
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    return ", ".join(f"{k}={a.get(k, '-')} (latest: {b.get(k, '-')})" for k in keys)
+
+
+def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Split runs into the ones a summary uses and the ones left out, with the reason."""
+    df = runs.runs.sort_values("start_time", kind="stable", ignore_index=True)
+    reasons: dict[str, str] = {}
+    ident = df[["data", "model", "freeze"]].notna().all(axis=1) & df.seed.notna()
+    for row in df[~ident].itertuples():
+        reasons[row.run_id] = "not an ablate training run (no data/model/freeze/seed params)"
+    for row in df[ident & (df.status != "FINISHED")].itertuples():
+        why = f": {row.error}" if isinstance(row.error, str) else ""
+        reasons[row.run_id] = f"{row.status}{why}"
+    for row in df[ident & (df.status == "FINISHED") & df.dev.isna()].itertuples():
+        reasons[row.run_id] = f"no dev_{row.metric} logged"
+
+    ok = df[~df.run_id.isin(reasons)]
+    # Seeds of one strategy must share every setting; the latest run defines which settings the
+    # report shows (an earlier smoke run with other epochs must not become a "seed").
+    for _, cell in ok.groupby(["data", "model", "freeze"]):
+        latest = settings(runs.params[cell.run_id.iloc[-1]])
+        for row in cell.itertuples():
+            diff = _diff(settings(runs.params[row.run_id]), latest)
+            if diff:
+                reasons[row.run_id] = f"other settings than the latest {row.freeze} run: {diff}"
+    ok = df[~df.run_id.isin(reasons)]
+    for _, cell in ok.groupby(["data", "model", "freeze", "seed"]):
+        for row in cell.iloc[:-1].itertuples():
+            reasons[row.run_id] = f"superseded by the later run {cell.run_id.iloc[-1]}"
+
+    used = df[~df.run_id.isin(reasons)].reset_index(drop=True)
+    left = df[df.run_id.isin(reasons)].assign(reason=lambda d: d.run_id.map(reasons))
+    left = left[_EXCLUDED_COLUMNS]
+
+    # A strategy x seed that the grid implies (seeds used in the panel, strategies seen in it) but
+    # for which no run exists at all.
+    missing = []
+    for (data, model), panel in df[ident].groupby(["data", "model"]):
+        seeds = set(used[(used.data == data) & (used.model == model)].seed.dropna())
+        for strategy in strategy_order(panel.freeze):
+            have = set(panel[panel.freeze == strategy].seed)
+            for seed in sorted(seeds - have):
+                missing.append((None, data, model, strategy, seed, "MISSING", "no run logged"))
+    left = pd.concat([left, pd.DataFrame(missing, columns=_EXCLUDED_COLUMNS)], ignore_index=True)
+    return used, left
+
+
+def _panels(df: pd.DataFrame) -> pd.Series:
+    many_models = df.groupby("data").model.nunique().gt(1).any() if len(df) else False
+    if many_models:
+        return df.data + " · " + df.model
+    return df.data.copy()
+
+
+def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot: dict) -> dict:
+    """The summary row of one strategy (``cell``: its runs, one per seed)."""
+    dev, test = cell.dev * 100, cell.test * 100
+    n = len(cell)
+    # A mean of per-item correctness is an accuracy: the bootstrap over dev items (words or
+    # sentences) estimates only that, not an F1.
+    per_item = cell.metric.iloc[0] == "accuracy"
+    items = f"dev {cell['items'].iloc[0]}"
+    why = (
+        "no dev predictions logged"
+        if per_item
+        else f"no per-item bootstrap of {cell.metric.iloc[0]}"
+    )
+    row = {
+        "n": n,
+        "seeds": ",".join(str(s) for s in sorted(cell.seed)),
+        "dev_mean_pct": dev.mean(),
+        "dev_std_pct": dev.std(ddof=1) if n > 1 else math.nan,
+        "dev_ci_low_pct": math.nan,
+        "dev_ci_high_pct": math.nan,
+        "dev_ci_method": "",
+        "best_dev_mean_pct": (cell.best_dev * 100).mean(),
+        "test_mean_pct": test.mean(),
+        "test_std_pct": test.std(ddof=1) if n > 1 else math.nan,
+        "trainable_params_m": cell.trainable_params.mean() / 1e6,
+        "total_params_m": cell.total_params.mean() / 1e6,
+        "train_time_s": cell.train_time_s.mean(skipna=False),
+        "train_time_s_std": cell.train_time_s.std(ddof=1) if n > 1 else math.nan,
+        "trainer_runtime_s": cell.trainer_runtime_s.mean(),
+    }
+    if n >= 3:
+        _, lo, hi = t_interval(dev)
+        row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method=f"t over {n} seeds")
+    elif per_item and (correct := preds.correct(list(cell.run_id))) is not None:
+        lo, hi = bootstrap_interval(np.mean(correct, axis=0) * 100, **boot)
+        row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method=f"bootstrap over {items}")
+    else:
+        row["dev_ci_method"] = f"none ({n} seed{'s' if n > 1 else ''}, {why})"
+
+    delta = {"delta_dev_pt": math.nan, "delta_ci_low_pt": math.nan, "delta_ci_high_pt": math.nan}
+    delta["delta_method"] = "no baseline run"
+    if base is not None and len(base):
+        b = base.set_index("seed")
+        for col, ours in (("param", "trainable_params"), ("time", "train_time_s")):
+            delta[f"{col}_savings_pct"] = 100 * (1 - cell[ours].mean() / b[ours].mean())
+        paired = cell[cell.seed.isin(b.index)]
+        diffs = (paired.dev.to_numpy() - b.loc[paired.seed, "dev"].to_numpy()) * 100
+        if cell.run_id.isin(base.run_id).all():
+            delta.update(delta_dev_pt=0.0, delta_method="baseline")
+        elif len(paired) >= 3:
+            mean, lo, hi = t_interval(diffs)
+            method = f"paired t over {len(paired)} seeds"
+            delta.update(delta_dev_pt=mean, delta_ci_low_pt=lo, delta_ci_high_pt=hi)
+            delta["delta_method"] = method
+        elif len(paired):
+            delta["delta_dev_pt"] = float(diffs.mean())
+            ids = [*paired.run_id, *b.loc[paired.seed, "run_id"]]
+            correct = preds.correct(ids) if per_item else None
+            if correct is not None:
+                k = len(paired)
+                per_item_diff = np.mean(correct[:k], axis=0) - np.mean(correct[k:], axis=0)
+                lo, hi = bootstrap_interval(per_item_diff * 100, **boot)
+                delta.update(delta_ci_low_pt=lo, delta_ci_high_pt=hi)
+                s = "s" if k > 1 else ""
+                delta["delta_method"] = f"paired bootstrap over {items} ({k} seed{s})"
+            else:
+                s = "s" if len(paired) > 1 else ""
+                delta["delta_method"] = f"none ({len(paired)} paired seed{s}, {why})"
+        else:
+            delta["delta_dev_pt"] = dev.mean() - b.dev.mean() * 100
+            delta["delta_method"] = "none (no seed in common with the baseline; unpaired means)"
+    row.update(delta)
+    return row
+
+
+_SUMMARY_COLUMNS = [
+    "panel", "data", "model", "strategy", "metric", "n", "seeds",
+    "dev_mean_pct", "dev_std_pct", "dev_ci_low_pct", "dev_ci_high_pct", "dev_ci_method",
+    "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
+    "trainable_params_m", "total_params_m", "param_savings_pct",
+    "train_time_s", "train_time_s_std", "time_savings_pct", "trainer_runtime_s",
+    "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
+]  # fmt: skip
+
+
+def build(
+    runs: Runs,
+    *,
+    baseline: str = BASELINE,
+    n_boot: int = N_BOOT,
+    boot_seed: int = 0,
+    predictions: bool = True,
+) -> Report:
+    """Summarise ``runs``: one row per dataset (and model) x strategy, in ``STRATEGY_ORDER``.
+
+    Only FINISHED runs with the primary metric count; the latest run per strategy x seed is used;
+    everything else is listed in ``excluded`` with the reason. Δ vs ``baseline`` pairs runs by
+    seed: a t-interval of the per-seed differences with >= 3 seeds, else a bootstrap over dev
+    items (words or sentences; ``n_boot`` resamples, RNG seed ``boot_seed``) when dev
+    predictions were logged.
+    """
+    used, excluded = _select(runs)
+    if used.empty:
+        listed = "; ".join(f"{r.run_name or r.freeze}: {r.reason}" for r in excluded.itertuples())
+        raise AblateError(f"no usable runs in {runs.source}" + (f" ({listed})" if listed else ""))
+    used = used.assign(panel=_panels(used))
+    preds = Predictions(runs.source.get("uri", default_tracking_uri()), predictions)
+    boot = {"n_boot": n_boot, "seed": boot_seed}
+    rows, notes = [], []
+    for (panel, data, model), group in used.groupby(["panel", "data", "model"], sort=True):
+        base = group[group.freeze == baseline]
+        if base.empty:
+            notes.append(f"{panel}: no `{baseline}` run, so no savings or Δ vs baseline.")
+        for strategy in strategy_order(group.freeze):
+            cell = group[group.freeze == strategy].sort_values("seed")
+            metric = cell.metric.iloc[0]
+            head = {"panel": panel, "data": data, "model": model, "strategy": strategy}
+            rows.append({**head, "metric": metric, **_row(cell, base, preds, boot)})
+        if differ := _differing_settings(group, runs.params):
+            notes.append(f"{panel}: strategies were run with different settings: {differ}.")
+        counts = group.groupby("freeze").size()
+        if counts.nunique() > 1:
+            notes.append(f"{panel}: strategies have different numbers of seeds: {_counts(counts)}.")
+        if counts.max() == 1:
+            notes.append(
+                f"{panel}: one seed per strategy, so no spread over seeds (no ± std, no seed-level "
+                f"intervals); intervals, where shown, are bootstraps over dev "
+                f"{group['items'].iloc[0]}."
+            )
+    summary = pd.DataFrame(rows).reindex(columns=_SUMMARY_COLUMNS)
+    history = runs.history[runs.history.run_id.isin(used.run_id)].copy()
+    history["panel"] = history.run_id.map(used.set_index("run_id").panel)
+    return Report(
+        summary=summary,
+        runs=used,
+        history=history.reset_index(drop=True),
+        excluded=excluded.reset_index(drop=True),
+        notes=notes,
+        source=runs.source,
+        baseline=baseline,
+    )
+
+
+def _differing_settings(group: pd.DataFrame, params: dict[str, dict[str, str]]) -> str:
+    """Settings that differ between the strategies of one panel, e.g. runs from two grids; each
+    strategy's own ``freeze.*`` keys differ by design and are not named."""
+    by_strategy = {
+        s: settings(params[group[group.freeze == s].run_id.iloc[-1]])
+        for s in strategy_order(group.freeze)
+    }
+    keys = {k for p in by_strategy.values() for k in p if not k.startswith("freeze.")}
+    parts = []
+    for key in sorted(keys):
+        values = {s: p.get(key, "-") for s, p in by_strategy.items()}
+        if len(set(values.values())) > 1:
+            parts.append(f"{key} ({', '.join(f'{s}: {v}' for s, v in values.items())})")
+    return "; ".join(parts)
+
+
+def _counts(counts: pd.Series) -> str:
+    return ", ".join(f"{s}: {counts[s]}" for s in strategy_order(counts.index))
+
+
+def make_report(experiment: str = "ablate", uri: str | None = None, **filters) -> Report:
+    """``build(load_runs(experiment, uri, **filters))``."""
+    return build(load_runs(experiment, uri, **filters))

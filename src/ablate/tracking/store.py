@@ -1,0 +1,108 @@
+"""The MLflow store: checked reachable before any training, its schema and experiment created
+once before the jobs of a sweep start (parallel jobs racing to create them corrupt runs
+silently, BRIEF.md §5), and RUNNING runs whose process died marked KILLED."""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from ablate.errors import AblateError
+
+# Offline machines: don't let MLflow try to phone home.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """Fail at once, not after an hour of training, if the store can't be used.
+
+    MLflow's HTTP client retries with backoff for minutes; a short health probe answers first.
+    """
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            raise AblateError(f"tracking.uri={uri}: no MLflow server answers ({exc})") from exc
+        raise AblateError(f"tracking.uri={uri}: server health check failed")
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri.removeprefix("sqlite:///")).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AblateError(f"tracking.uri={uri}: cannot create {folder} ({exc})") from exc
+        if not os.access(folder, os.W_OK):
+            raise AblateError(f"tracking.uri={uri}: {folder} is not writable")
+
+
+def artifact_root(uri: str) -> str | None:
+    """``mlartifacts/`` beside a sqlite store; None (the server's choice) for other stores.
+
+    Without it MLflow puts a sqlite store's artifacts in ``./mlruns`` of whichever process
+    created the experiment, so runs from different folders scatter their artifacts.
+    """
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> str:
+    """Create the store's schema and the experiment if missing; return the experiment id.
+
+    With ``stale_after_min``, RUNNING runs whose process died are marked KILLED first.
+
+    Called once before the jobs of a sweep start (``PrepareStore``): parallel jobs racing to create
+    tables or the experiment corrupt runs silently (BRIEF.md §5).
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from ablate.tracking.stale import mark_stale_runs
+
+    check_reachable(uri)
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            try:
+                return client.create_experiment(experiment, artifact_location=artifact_root(uri))
+            except MlflowException:  # another process created it first
+                exp = client.get_experiment_by_name(experiment)
+    except MlflowException as exc:
+        raise AblateError(f"tracking.uri={uri}: the MLflow store is not usable: {exc}") from exc
+    if exp.lifecycle_stage == "deleted":
+        raise AblateError(
+            f"MLflow experiment {experiment!r} in {uri} is deleted; restore it "
+            f"(mlflow experiments restore --experiment-id {exp.experiment_id}) or choose "
+            f"another tracking.experiment"
+        )
+    if stale_after_min is not None:
+        mark_stale_runs(client, exp.experiment_id, stale_after_min * 60)
+    return exp.experiment_id
+
+
+class PrepareStore(Callback):
+    """Hydra callback: prepare the store once, before any job of a run or sweep starts."""
+
+    def _prepare(self, config: DictConfig) -> None:
+        try:
+            prepare(
+                config.tracking.uri, config.tracking.experiment, config.tracking.stale_after_min
+            )
+        except AblateError as exc:
+            print(f"ablate: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None  # before any job: one line, no traceback
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._prepare(config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._prepare(config)

@@ -1,0 +1,62 @@
+"""Per-epoch records of a run: its dev metrics, training loss and epoch time (step = epoch)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from transformers import TrainerCallback
+
+from ablate.training.recorder import Recorder
+
+
+def epoch_of(state) -> int:
+    """The Trainer's epoch count as an integer step (1..N once an epoch has ended)."""
+    return int(round(state.epoch or 0))
+
+
+class EpochLogger(TrainerCallback):
+    """Logs per-epoch metrics with step = epoch (1..N), and beats the run's heartbeat.
+
+    The Trainer's own MLflow integration steps metrics by optimiser step and logs every
+    TrainingArguments field as a param, which would clash with ours; this keeps one scheme.
+    """
+
+    HEARTBEAT_S = 60.0
+
+    def __init__(self, record: Recorder, primary: str = "accuracy", also: Sequence[str] = ()):
+        self.record = record
+        self.primary = primary
+        self.also = tuple(also)  # other dev metrics logged per epoch
+        self._t0 = 0.0
+        self._beat = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() - self._beat > self.HEARTBEAT_S:
+            self._beat = time.monotonic()
+            self.record.heartbeat()
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._t0 = time.perf_counter()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.record.metrics({"epoch_time_s": time.perf_counter() - self._t0}, step=epoch_of(state))
+        self.record.heartbeat()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.record.metrics({"train_loss": logs["loss"]}, step=epoch_of(state))
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        logged = {f"dev_{self.primary}": metrics[f"eval_{self.primary}"]}
+        logged.update(
+            {f"dev_{k}": metrics[f"eval_{k}"] for k in self.also if f"eval_{k}" in metrics}
+        )
+        self.record.metrics(logged, step=epoch_of(state))
+
+
+def dev_history(state, primary: str) -> list[float]:
+    """The primary dev metric after each epoch the model holds: the Trainer's log history (a
+    resumed run's includes the epochs of its checkpoint, and not an epoch scored after it)."""
+    key = f"eval_{primary}"
+    return [entry[key] for entry in state.log_history if key in entry]

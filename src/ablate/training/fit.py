@@ -1,0 +1,150 @@
+"""Training and evaluation of one prepared run with the Hugging Face Trainer (``conf/trainer``)."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+
+import numpy as np
+from omegaconf import DictConfig
+from transformers import EarlyStoppingCallback
+
+from ablate.speed import plugins
+from ablate.speed.plugin import Context
+from ablate.strategies.base import Applied, build_optimizer
+from ablate.tasks import Task
+from ablate.tasks.metrics import Evaluation, argmax_logits
+from ablate.training import checkpoints
+from ablate.training.arguments import training_arguments
+from ablate.training.callbacks import EpochLogger, dev_history
+from ablate.training.prepare import Prepared
+from ablate.training.recorder import Recorder
+from ablate.training.resources import peak_rss_mb
+from ablate.training.trainer import CoreTrainer, trainer_class
+
+log = logging.getLogger(__name__)
+
+
+def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
+    """Train on train, evaluate dev every epoch and test (and ``data.extra_test``) at the end;
+    record everything. ``trainer.early_stopping_patience`` may end training early."""
+    counts = record_inputs(prep, record)
+    with checkpoints.folder() as output_dir:
+        trainer, status = build_trainer(
+            cfg, prep.task, prep.applied, prep.encoded.features, prep.tokenizer, record,
+            prep.device, output_dir,
+        )  # fmt: skip
+        record.tags({checkpoints.FOLDER_TAG: output_dir})
+        record.tags({f"speed.{name}": value for name, value in status.items()})
+        out = trainer.train(resume_from_checkpoint=checkpoints.resume_from(record.resumed))
+    for folder, write in prep.applied.artifacts.items():  # e.g. the LoRA adapter alone
+        with tempfile.TemporaryDirectory() as tmp:
+            write(tmp)
+            record.artifacts(tmp, folder)
+    primary = prep.task.primary_metric
+    history = dev_history(trainer.state, primary)
+    results: dict[str, float] = {
+        "train_runtime_s": out.metrics["train_runtime"],
+        "train_samples_per_s": out.metrics["train_samples_per_second"],
+        f"best_dev_{primary}": max(history),
+        "best_epoch": history.index(max(history)) + 1,
+        "stopped_epoch": round(trainer.state.epoch or 0),  # the last epoch trained
+    }
+    results.update(final_evaluations(trainer, prep, record))
+    results["peak_rss_mb"] = peak_rss_mb()
+    # Metrics already logged are not logged again (a second point, at step 0): the per-epoch dev
+    # metrics (the final model's are the last epoch's, or with early stopping the best epoch's:
+    # best_dev_*) and counts equal to the split sizes (sst2's <split>_sentences).
+    per_epoch = {f"dev_{m}" for m in (primary, *prep.task.epoch_metrics)}
+    record.metrics({k: v for k, v in results.items() if k not in per_epoch and counts.get(k) != v})
+    checkpoints.remove(trainer.args.output_dir, record.resumed)
+    return results
+
+
+def record_inputs(prep: Prepared, record: Recorder) -> dict[str, int]:
+    """Record what the run trains on: data files, counts, the strategy's parameter counts."""
+    record.tags({"torch.threads": prep.threads})
+    record.tags({f"data.sha256.{s}": h for s, h in prep.files.sha256.items()})
+    record.tags({f"data.file.{s}": p for s, p in prep.files.paths.items()})
+    if prep.held_out:
+        record.tags({"data.test": prep.held_out})
+    record.tags({"data.cache": prep.encoded.cache})
+    record.metrics({"tokenize_time_s": prep.encoded.seconds})
+    stats = prep.encoded.stats
+    record.metrics({f"{s}_{k}": v for s, counts in stats.items() for k, v in counts.items()})
+    counts = {f"{s}_sentences": len(sents) for s, sents in prep.sentences.items()}
+    record.metrics(counts)
+    a = prep.applied
+    record.metrics(
+        {
+            "trainable_params": a.trainable_params,
+            "total_params": a.total_params,
+            "trainable_pct": a.trainable_pct,
+        }
+    )
+    record.tags({"freeze.frozen_blocks": a.frozen_blocks})
+    log.info("%d / %d params trainable (%.1f %%), frozen blocks %s",
+             a.trainable_params, a.total_params, a.trainable_pct, a.frozen_blocks)  # fmt: skip
+    return counts
+
+
+def build_trainer(
+    cfg: DictConfig, task: Task, applied: Applied, features: dict[str, list[dict]], tokenizer,
+    record: Recorder, device: str, output_dir: str,
+) -> tuple[CoreTrainer, dict[str, str]]:  # fmt: skip
+    """The run's Trainer on ``applied.model``: the core Trainer with what the speed plugins add
+    (they may wrap the model, the features and the collator); and what they applied."""
+    callbacks = [
+        EpochLogger(record, task.primary_metric, task.epoch_metrics),
+        *(make(record) for make in applied.callbacks),
+    ]
+    ctx = Context(
+        cfg, task, applied, applied.model, dict(features), tokenizer, record, device,
+        task.collator(tokenizer), callbacks,
+    )  # fmt: skip
+    active = plugins.active()
+    fields = {k: v for p in active for k, v in p.arguments(ctx).items()}
+    ctx.args = training_arguments(cfg, output_dir, device, **fields)
+    status = {k: v for p in active for k, v in p.prepare(ctx).items()}
+    trainer = trainer_class(ctx.mixins)(
+        model=ctx.model,
+        args=ctx.args,
+        train_dataset=ctx.features["train"],
+        eval_dataset=ctx.features["dev"],
+        data_collator=ctx.collator,
+        processing_class=tokenizer,
+        compute_metrics=task.compute_metrics,
+        preprocess_logits_for_metrics=argmax_logits,
+        callbacks=ctx.callbacks,
+    )
+    status.update({k: v for p in active for k, v in p.attach(ctx, trainer).items()})
+    if applied.param_groups is not None:  # the strategy's optimiser groups (llrd, gradual)
+        trainer.optimizer = build_optimizer(trainer, applied.param_groups)
+    if cfg.trainer.early_stopping_patience is not None:
+        trainer.add_callback(EarlyStoppingCallback(cfg.trainer.early_stopping_patience))
+    return trainer, status
+
+
+def _evaluate(trainer: CoreTrainer, prep: Prepared, features: list) -> Evaluation:
+    predictions, label_ids = trainer.predictions(features)  # dev: the last epoch's, if current
+    return prep.task.evaluate(np.asarray(predictions), np.asarray(label_ids), prep.task.labels)
+
+
+def final_evaluations(trainer: CoreTrainer, prep: Prepared, record: Recorder) -> dict[str, float]:
+    """The final model on dev and test (with reports and dev predictions) and extra test sets."""
+    results: dict[str, float] = {}
+    for split in ("dev", "test"):
+        features = trainer.eval_dataset if split == "dev" else prep.encoded.features["test"]
+        ev = _evaluate(trainer, prep, features)
+        results.update({f"{split}_{k}": v for k, v in ev.metrics.items()})
+        for name, content in ev.artifacts.items():
+            log_artifact = record.text if isinstance(content, str) else record.json
+            log_artifact(content, f"reports/{split}_{name}")
+        if split == "dev":  # ids per scored item: the report's paired bootstrap of Δ vs baseline
+            record.json(
+                {"gold": ev.gold.tolist(), "pred": ev.pred.tolist()}, "predictions/dev.json"
+            )
+    for name, feats in prep.extra.items():  # zero-shot: the final model on other test sets
+        ev = _evaluate(trainer, prep, feats)
+        results.update({f"test_{k}/{name}": v for k, v in ev.metrics.items()})
+    return results

@@ -1,0 +1,125 @@
+"""Everything a run needs, loaded and checked before its MLflow run opens: an error here (missing
+data, a bad label, an offline hub id, a setting that cannot work on this machine) leaves no run
+behind."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import set_seed
+
+from ablate import strategies, tasks
+from ablate.data.dataset import Encoded, default_dir, encode_splits
+from ablate.data.encode import count_scored
+from ablate.data.files import SplitFiles, extra_test_paths, locate
+from ablate.data.read import read_checked, read_splits
+from ablate.data.sentences import Sentence
+from ablate.errors import AblateError
+from ablate.models.build import build, load_tokenizer
+from ablate.models.source import check_source
+from ablate.speed import plugins, registry
+from ablate.speed.plugin import Context
+from ablate.strategies.base import Applied
+from ablate.training import arguments
+from ablate.training.resources import torch_threads
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """A run's inputs: its task, data (files, sentences, features), tokenizer and the model with
+    its strategy applied, on ``device`` with ``threads`` CPU threads."""
+
+    task: tasks.Task
+    files: SplitFiles
+    sentences: dict[str, list[Sentence]]
+    held_out: str | None  # what the test set holds, when it is held out of train
+    encoded: Encoded
+    extra: dict[str, list[dict]]  # data.extra_test features, by treebank folder
+    tokenizer: Any
+    applied: Applied
+    device: str
+    threads: int
+
+
+def read_extra_tests(cfg: DictConfig, task: tasks.Task) -> dict[str, list[Sentence]]:
+    """The ``data.extra_test`` files, read and label-checked, by name: the file's folder (e.g.
+    ``UD_English-EWT``). A path is absolute, or relative to the working directory or ``data.root``.
+    """
+    paths = list(cfg.data.extra_test or [])
+    if paths and not task.extra_test:
+        able = ", ".join(name for name, t in tasks.TASKS.items() if t.extra_test)
+        raise AblateError(
+            f"data.extra_test: task {task.name!r} cannot score extra test files (tasks that can: "
+            f"{able})"
+        )
+    found: dict[str, list[Sentence]] = {}
+    for path in extra_test_paths(cfg.data):
+        name = path.resolve().parent.name
+        if name in found:
+            raise AblateError(
+                f"data.extra_test: two files in folders named {name!r}; their metrics "
+                f"(test_{task.primary_metric}/{name}) would clash"
+            )
+        found[name] = read_checked(path, task.read, task.labels, cfg.data.lowercase)
+    return found
+
+
+def check_scored(name: str, features: list, sentences: list, task: tasks.Task) -> None:
+    """Refuse features that would score part of a split: every gold item exactly once."""
+    scored, gold = count_scored(features), sum(len(s.words) for s in sentences)
+    if scored != gold:
+        raise AblateError(f"{name}: {scored} {task.item_name} encoded for scoring, gold has {gold}")
+
+
+def check_switches(cfg: DictConfig) -> None:
+    """Refuse a speed switch set to a value outside its choices (``ablate.speed.registry``)."""
+    for switch in registry.SWITCHES:
+        value = OmegaConf.select(cfg, switch.key)
+        if switch.choices and value not in switch.choices:
+            raise AblateError(f"{switch.key}={value!r} is not one of {', '.join(switch.choices)}")
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Load and check everything ``cfg`` needs, in this process; nothing is recorded."""
+    threads = torch_threads(cfg)
+    torch.set_num_threads(threads)
+    set_seed(cfg.seed)  # the head's initialisation below draws from it
+    task = tasks.get(cfg.data.task)
+    check_source(cfg.model)  # a missing model fails in seconds, before the data
+    arguments.check(cfg)
+    check_switches(cfg)
+    files = locate(cfg.data)
+    sentences, held = read_splits(cfg.data, files, task.read, task.labels)
+    extra_sentences = read_extra_tests(cfg, task)
+
+    tokenizer = load_tokenizer(cfg.model)
+    label2id = {name: i for i, name in enumerate(task.labels)}
+    d = cfg.data
+    cache = Path(d.tokenized_cache_dir or default_dir()) if d.tokenized_cache else None
+    encoded = encode_splits(
+        sentences, task.encode, tokenizer, label2id, d.max_length, cache, files.sha256
+    )
+    for split, feats in encoded.features.items():
+        check_scored(split, feats, sentences[split], task)
+    extra = {
+        name: task.encode(sents, tokenizer, label2id, d.max_length)
+        for name, sents in extra_sentences.items()
+    }
+    for name, feats in extra.items():
+        check_scored(f"data.extra_test {name}", feats, extra_sentences[name], task)
+
+    applied = strategies.apply(build(cfg.model, task.model_class, task.labels), cfg.freeze)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ctx = Context(cfg, task, applied, applied.model, {}, tokenizer, None, device, task.collator)
+    for plugin in plugins.active():
+        plugin.check(ctx)
+    return Prepared(
+        task, files, sentences, held, encoded, extra, tokenizer, applied, device, threads
+    )

@@ -1,0 +1,25 @@
+"""What training records a run through: the interface ``ablate.tracking.Run`` implements for
+MLflow (training itself does not import tracking)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class Recorder(Protocol):
+    """A run's record: tags, metrics (``step`` = epoch for per-epoch ones) and artifacts."""
+
+    resumed: Any  # the earlier run this one continues (its tags name the checkpoint), or None
+
+    def tags(self, tags: Mapping[str, Any]) -> None: ...
+
+    def metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+    def text(self, text: str, path: str) -> None: ...
+
+    def json(self, obj: Any, path: str) -> None: ...
+
+    def artifacts(self, folder: str, path: str) -> None: ...
+
+    def heartbeat(self) -> None: ...
