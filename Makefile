@@ -8,11 +8,9 @@ STAMP := $(VENV)/.setup-stamp
 PORT ?= 5000
 ARGS ?=
 
-# Developers and CI: the data folder that sits beside the checkout (an explicit ABLATE_DATA_DIR wins).
+# Developers and CI: the data folder beside the checkout; `make setup` points conf/local/ at it.
 SHARED_DATA := $(abspath ../shared/data)
-ifneq ($(wildcard $(SHARED_DATA)/ud),)
-export ABLATE_DATA_DIR ?= $(SHARED_DATA)
-endif
+LOCAL := conf/local/default.yaml
 export MLFLOW_DISABLE_TELEMETRY ?= true
 TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 
@@ -29,12 +27,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP) ## create .venv and install ablate with its dev tools
+$(LOCAL):
+	@if [ -d "$(SHARED_DATA)/ud" ]; then mkdir -p $(dir $(LOCAL)) && \
+	  printf '# @package _global_\n# This machine'"'"'s settings (git-ignored), written by make setup.\ndata:\n  root: $${oc.env:ABLATE_DATA_DIR,%s}\n' \
+	  "$(SHARED_DATA)" > $(LOCAL) && echo "wrote $(LOCAL): data.root=$(SHARED_DATA)"; fi
 
-run: $(STAMP) ## a real short training run (Naija, MiniLM, 300 sentences, 1 epoch), tracked in MLflow
+setup: $(STAMP) $(LOCAL) ## create .venv, install ablate with its dev tools, and conf/local/ (data.root) when a data folder is beside the checkout
+
+run: setup ## a real short training run (Naija, MiniLM, 300 sentences, 1 epoch), tracked in MLflow
 	$(PY) -m ablate.train experiment=smoke $(ARGS)
 
-test: $(STAMP) ## the whole test suite (offline)
+test: setup ## the whole test suite (offline)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(ARGS)
 
 lint: $(STAMP) ## ruff check and format check

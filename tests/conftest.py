@@ -24,6 +24,19 @@ NAIJA = DATA / "ud" / "UD_Naija-NSC"
 EWT = DATA / "ud" / "UD_English-EWT"
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, pin each worker to its own share of the CPUs: runs in a worker (and
+    the CLI processes it starts, which inherit the mask) then take only those cores, so two
+    workers never contend for one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    mine = cpus[int(worker[2:]) :: count] or cpus
+    os.sched_setaffinity(0, mine)
+
+
 def conllu_blocks(path: Path) -> list[str]:
     """The sentence blocks of a CoNLL-U file, as raw text (comments included)."""
     text = path.read_text(encoding="utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -65,11 +66,34 @@ def test_tracking_uri_defaults_to_absolute_sqlite_at_project_root(monkeypatch):
     assert make(["tracking.uri=http://127.0.0.1:5005"]).tracking.uri == "http://127.0.0.1:5005"
 
 
-def test_data_root_defaults_to_env_then_user_cache(monkeypatch, tmp_path):
+def test_data_root_is_the_command_line_then_env_then_this_machine_then_the_user_cache(
+    monkeypatch, tmp_path
+):
     monkeypatch.setenv("ABLATE_DATA_DIR", str(tmp_path))
-    assert make().data.root == str(tmp_path)
+    assert make().data.root == str(tmp_path)  # conf/local/ (if any) defers to the environment
+    assert make(["data.root=/elsewhere"]).data.root == "/elsewhere"
     monkeypatch.delenv("ABLATE_DATA_DIR")
-    assert make().data.root.endswith("ablate") and make().data.root != str(tmp_path)
+    local = ROOT / "conf" / "local" / "default.yaml"
+    if local.is_file():  # make setup wrote it: the data folder beside the checkout
+        assert make().data.root == str(ROOT.parent / "shared" / "data")
+    assert config.default_data_root() == str(config.user_cache())
+    assert config.default_data_root().endswith("ablate")
+
+
+def test_make_setup_points_conf_local_at_the_data_beside_the_checkout(tmp_path, monkeypatch):
+    checkout = tmp_path / "checkout"
+    (tmp_path / "shared" / "data" / "ud").mkdir(parents=True)
+    checkout.mkdir()
+    (checkout / "Makefile").write_text((ROOT / "Makefile").read_text())
+    proc = subprocess.run(
+        ["make", "-C", str(checkout), "conf/local/default.yaml"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    written = OmegaConf.load(checkout / "conf" / "local" / "default.yaml")
+    monkeypatch.delenv("ABLATE_DATA_DIR", raising=False)
+    assert written.data.root == str(tmp_path / "shared" / "data")
+    monkeypatch.setenv("ABLATE_DATA_DIR", "/from/env")
+    assert written.data.root == "/from/env"  # an explicit environment wins
 
 
 def test_unknown_group_option_names_the_allowed_values():

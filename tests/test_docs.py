@@ -1,17 +1,43 @@
-"""README's computed blocks (trainable-parameter table, Makefile targets) are current."""
+"""The README's and docs/'s computed blocks are current, and the README stays a README."""
 
 from __future__ import annotations
+
+import re
+
+import pytest
 
 from ablate import docs
 from ablate.config import project_root
 
 
-def test_readme_generated_blocks_are_current():
-    text = (project_root() / "README.md").read_text(encoding="utf-8")
-    assert "<!-- freeze-table:start -->" in text and "<!-- make-help:start -->" in text
-    assert docs.render(text) == text, "README is stale: run `python -m ablate.docs`"
+@pytest.mark.parametrize("name", docs.FILES)
+def test_generated_blocks_are_current(name):
+    text = (project_root() / name).read_text(encoding="utf-8")
+    assert "<!--" in text and ":start -->" in text
+    assert docs.render(text) == text, f"{name} is stale: run `python -m ablate.docs`"
+
+
+def test_the_readme_shows_the_two_commands_and_the_strategies_and_stays_short():
+    readme = project_root() / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    assert readme.stat().st_size <= 12 * 1024
+    assert "make run" in text and "make test" in text
     table = text.split("<!-- freeze-table:start -->")[1].split("<!-- freeze-table:end -->")[0]
     assert "| `freeze=all` |" in table and "| `freeze=none` |" in table
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):  # every linked doc exists
+        assert (project_root() / link).is_file(), link
+
+
+def test_the_config_reference_lists_every_key_and_switch():
+    from ablate import config
+    from ablate.speed import registry
+
+    text = (project_root() / "docs" / "config.md").read_text(encoding="utf-8")
+    for dotted, _ in config.schema_keys():
+        assert f"| `{dotted}` |" in text, dotted
+    speed = (project_root() / "docs" / "speed.md").read_text(encoding="utf-8")
+    for switch in registry.SWITCHES:
+        assert f"| `{switch.key}` |" in speed, switch.key
 
 
 def test_every_makefile_target_is_documented():

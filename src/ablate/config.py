@@ -217,26 +217,35 @@ def _with_switches(name: str, core: type, group: str) -> type:
     return made
 
 
+def _train_config(data: type, trainer: type) -> type:
+    """The whole run's schema (``conf/train.yaml``), over the given data and trainer groups."""
+    made = make_dataclass(
+        "TrainConfig",
+        [
+            ("data", data, field(default=MISSING)),
+            ("model", ModelConfig, field(default=MISSING)),
+            ("freeze", FreezeConfig, field(default=MISSING)),
+            ("trainer", trainer, field(default_factory=trainer)),
+            ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),
+            ("seed", int, key(42, "seeds model init, data order and dropout: `seed=1,2,3`")),
+            (
+                "skip_finished",
+                bool,
+                key(
+                    False,
+                    "return at once when an identical config has a FINISHED run",
+                    identity=False,
+                ),  # fmt: skip
+            ),
+        ],
+    )
+    made.__module__ = __name__
+    return made
+
+
 DataConfig = _with_switches("DataConfig", DataCore, "data")
 TrainerConfig = _with_switches("TrainerConfig", TrainerCore, "trainer")
-
-
-@dataclass
-class TrainConfig:
-    """The whole run (``conf/train.yaml``)."""
-
-    data: DataConfig = MISSING
-    model: ModelConfig = MISSING
-    freeze: FreezeConfig = MISSING
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    seed: int = key(42, "seeds model init, data order and dropout; sweep it: `seed=1,2,3`")
-    skip_finished: bool = key(
-        False, "return at once when an identical config already has a FINISHED run",
-        identity=False,
-    )  # fmt: skip
-
-
+TrainConfig = _train_config(DataConfig, TrainerConfig)
 GROUPS = {"data": DataConfig, "model": ModelConfig, "freeze": FreezeConfig,
           "trainer": TrainerConfig, "tracking": TrackingConfig}  # fmt: skip
 
@@ -259,8 +268,15 @@ def flags(name: str) -> dict[str, Any]:
 
 
 def register() -> None:
-    """Register resolvers and the schema; safe to call more than once."""
+    """Register resolvers and the schema, built from the speed registry as it stands (an
+    extension's switches join it); safe to call more than once."""
+    global DataConfig, TrainerConfig, TrainConfig
     _register_resolvers()
+    DataConfig = _with_switches("DataConfig", DataCore, "data")
+    TrainerConfig = _with_switches("TrainerConfig", TrainerCore, "trainer")
+    TrainConfig = _train_config(DataConfig, TrainerConfig)
+    GROUPS.update(data=DataConfig, trainer=TrainerConfig)
+    flags.cache_clear()
     ConfigStore.instance().store(name="ablate_schema", node=TrainConfig)
 
 

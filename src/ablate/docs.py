@@ -1,17 +1,25 @@
-"""Generated README blocks, so numbers users read there are computed, never typed in.
+"""Generated blocks of the README and docs/, so numbers and lists users read there are computed,
+never typed in.
 
-``python -m ablate.docs`` rewrites every ``<!-- NAME:start -->…<!-- NAME:end -->`` block of
-README.md; ``tests/test_docs.py`` fails when a block is stale.
+``python -m ablate.docs`` rewrites every ``<!-- NAME:start -->…<!-- NAME:end -->`` block of the
+files in ``FILES``; ``tests/test_docs.py`` fails when a block is stale.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from collections.abc import Callable
 from pathlib import Path
 
+from omegaconf import MISSING
+
+from ablate import config
 from ablate.config import conf_dir, project_root
+from ablate.speed import registry
+
+FILES = ("README.md", "docs/config.md", "docs/speed.md")
 
 
 def _first_comment(path: Path) -> str:
@@ -35,6 +43,7 @@ def freeze_table(model: str = "minilm") -> str:
     from ablate.models.build import build
 
     rows = []
+    pos = tasks.get("pos")
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cases = [
             (p.stem, [], _first_comment(p)) for p in sorted((conf_dir() / "freeze").glob("*.yaml"))
@@ -42,15 +51,13 @@ def freeze_table(model: str = "minilm") -> str:
         for option, extra, what in cases + VARIANTS:
             cfg = compose("train", overrides=[f"model={model}", f"freeze={option}", *extra])
             # A fresh model per option: strategies may wrap or change it.
-            pos = tasks.get("pos")
             applied = strategies.apply(build(cfg.model, pos.model_class, pos.labels), cfg.freeze)
             name = " ".join([f"freeze={option}", *extra])
-            count, total, pct = (
-                applied.trainable_params,
-                applied.total_params,
-                applied.trainable_pct,
+            a = applied
+            rows.append(
+                f"| `{name}` | {what} | {a.trainable_params:,} | {a.total_params:,} | "
+                f"{a.trainable_pct:.2f} % |"
             )
-            rows.append(f"| `{name}` | {what} | {count:,} | {total:,} | {pct:.2f} % |")
     header = (
         f"| option | what it does | trainable params ({model}) | total params | trainable |\n"
         "|---|---|---:|---:|---:|"
@@ -65,7 +72,75 @@ def make_help() -> str:
     return "\n".join(f"- `make {m[1]}` — {m[2]}" for m in items if m)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"freeze-table": freeze_table, "make-help": make_help}
+def config_groups() -> str:
+    """Every config group (a folder of ``conf/``) and its options, with each option's first
+    comment line."""
+    lines = []
+    # conf/local/ is this machine's (git-ignored); hydra/ holds launcher presets, listed by hand
+    skip = ("hydra", "local")
+    for folder in sorted(p for p in conf_dir().iterdir() if p.is_dir() and p.name not in skip):
+        lines += [f"- `{folder.name}=`"]
+        for option in sorted(folder.glob("*.yaml")):
+            lines.append(f"  - `{option.stem}`: {_first_comment(option)}")
+    return "\n".join(lines)
+
+
+def _shown(value) -> str:
+    """A config value as YAML writes it."""
+    if isinstance(value, bool) or value is None:
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        value = MISSING
+    return "(per option)" if value == MISSING else f"`{_shown(value)}`"
+
+
+def config_keys() -> str:
+    """Every key of the schema: its default, what it means, whether it is part of a run's
+    identity and whether runs that differ in it are different settings (``ablate.config.key``)."""
+    rows = ["| key | default | meaning | identity | setting |", "|---|---|---|:-:|:-:|"]
+    for dotted, f in config.schema_keys():
+        switch = registry.BY_KEY.get(dotted)
+        doc = f.metadata.get("doc", "")
+        if switch is not None:
+            doc = f"speed switch ([speed.md](speed.md)): {doc}"
+        identity = "yes" if f.metadata.get("identity", True) else "no"
+        if f.metadata.get("added"):
+            identity = "if set"
+        setting = "yes" if f.metadata.get("setting", True) else "no"
+        rows.append(f"| `{dotted}` | {_default(f)} | {doc} | {identity} | {setting} |")
+    return "\n".join(rows)
+
+
+def speed_switches() -> str:
+    """Every speed switch: its default, what it amounts to per device, and its results."""
+    rows = [
+        "| switch | default | cpu | cuda | results | what it does |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    for s in registry.SWITCHES:
+        rows.append(
+            f"| `{s.key}` | `{_shown(s.default)}` | {_shown(s.devices['cpu'])} | "
+            f"{_shown(s.devices['cuda'])} | {s.results} | {s.doc} |"
+        )
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "freeze-table": freeze_table,
+    "make-help": make_help,
+    "config-groups": config_groups,
+    "config-keys": config_keys,
+    "speed-switches": speed_switches,
+}
 
 
 def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
@@ -79,10 +154,11 @@ def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", type=Path, default=project_root() / "README.md")
-    args = parser.parse_args()
-    args.readme.write_text(render(args.readme.read_text(encoding="utf-8")), encoding="utf-8")
+    """Rewrite the generated blocks of every file in ``FILES``."""
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    for name in FILES:
+        path = project_root() / name
+        path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")
 
 
 if __name__ == "__main__":

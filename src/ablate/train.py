@@ -1,7 +1,8 @@
 """``python -m ablate.train [--multirun] key=value ...``: one Hydra job = one MLflow run.
 
-Only Hydra and the config schema are imported up front, so ``--help`` and configuration errors
-answer at once; the training stack is imported when a job runs.
+Only Hydra, the config schema and the extensions (``ablate_plugins``) are imported up front, so
+``--help`` and configuration errors answer at once; the training stack is imported when a job
+runs.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import logging
 import hydra
 from omegaconf import DictConfig
 
-from ablate import config
+from ablate import config, extensions
 
 log = logging.getLogger("ablate")
+extensions.load()  # before Hydra composes: an extension's switches join the schema
 
 
 @hydra.main(version_base="1.3", config_path=str(config.conf_dir()), config_name="train")

@@ -67,7 +67,7 @@ class Switch:
         return self.devices[device] if value is None else value
 
 
-SWITCHES: tuple[Switch, ...] = (
+SWITCHES: list[Switch] = [
     Switch(
         "trainer.length_grouping",
         str,
@@ -219,9 +219,21 @@ SWITCHES: tuple[Switch, ...] = (
         "folder of the tokenised cache; null = <user cache>/ablate/tokenized",
         plugin="tokenized_cache",
     ),  # fmt: skip
-)
+]
 
 BY_KEY: dict[str, Switch] = {s.key: s for s in SWITCHES}
+
+
+def register(switch: Switch) -> Switch:
+    """Add an extension's switch (``ablate.extensions``); its key must be new and live in the
+    ``trainer`` or ``data`` group. Returns it."""
+    if switch.key in BY_KEY:
+        raise ValueError(f"speed switch {switch.key!r} is declared already")
+    if switch.group not in ("trainer", "data") or switch.results not in RESULTS:
+        raise ValueError(f"speed switch {switch.key!r}: group trainer/data, results in {RESULTS}")
+    SWITCHES.append(switch)
+    BY_KEY[switch.key] = switch
+    return switch
 
 
 def in_group(group: str) -> list[Switch]:

@@ -1,4 +1,4 @@
-"""The compute a run takes: CPU threads, and its peak memory."""
+"""The compute a run takes: the CPUs it may use, its torch threads, and its peak memory."""
 
 from __future__ import annotations
 
@@ -9,20 +9,37 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 
-def torch_threads(cfg: DictConfig) -> int:
-    """``trainer.threads``, else the cores divided among a parallel launcher's workers.
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (taskset, a SLURM or container
+    cpuset), capped by ``SLURM_CPUS_PER_TASK`` where SLURM sets it; ``os.cpu_count()`` counts the
+    whole machine."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on this platform
+        cpus = os.cpu_count() or 1
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        cpus = min(cpus, int(slurm))
+    return max(1, cpus)
 
-    joblib's workers start with OMP_NUM_THREADS=1, and each of N workers taking every core
-    oversubscribes the machine; so each takes cores // N.
+
+def launcher_workers() -> int:
+    """How many jobs a parallel launcher runs at once on this machine (1 outside one)."""
+    if not HydraConfig.initialized():
+        return 1
+    workers = OmegaConf.select(HydraConfig.get(), "launcher.n_jobs", default=None) or 1
+    return usable_cpus() if workers < 0 else workers  # joblib: -1 = one worker per CPU
+
+
+def torch_threads(cfg: DictConfig) -> int:
+    """``trainer.threads``, else the usable CPUs divided among a parallel launcher's workers.
+
+    joblib's workers start with OMP_NUM_THREADS=1, and each of N workers taking every CPU
+    oversubscribes the machine; so each takes cpus // N.
     """
     if cfg.trainer.threads:
         return cfg.trainer.threads
-    cores = os.cpu_count() or 1
-    workers = 1
-    if HydraConfig.initialized():
-        workers = OmegaConf.select(HydraConfig.get(), "launcher.n_jobs", default=None) or 1
-        workers = cores if workers < 0 else workers  # joblib: -1 = one worker per core
-    return max(1, cores // workers)
+    return max(1, usable_cpus() // launcher_workers())
 
 
 def peak_rss_mb() -> float:

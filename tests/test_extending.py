@@ -1,0 +1,52 @@
+"""docs/extending.md's worked examples, written into an ``ablate_plugins`` folder and run."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT, logged_runs, run_cli, slice_overrides
+
+DOC = ROOT / "docs" / "extending.md"
+
+
+def examples() -> dict[str, str]:
+    """The doc's Python blocks that name their file (``# ablate_plugins/<name>.py``)."""
+    blocks = re.findall(r"```python\n(# (ablate_plugins/\w+\.py)\n.*?)```", DOC.read_text(), re.S)
+    return {path: code for code, path in blocks}
+
+
+def test_the_extending_examples_register_a_task_a_strategy_and_a_switch_and_run(
+    slice_root, tmp_path
+):
+    files = examples()
+    assert sorted(files) == [
+        "ablate_plugins/coarse_pos.py", "ablate_plugins/flush_denormal.py",
+        "ablate_plugins/layernorm.py",
+    ]  # fmt: skip
+    for path, code in files.items():
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text(code)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # from the folder holding ablate_plugins/, as a user runs it: the new task, strategy and switch
+    proc = run_cli(
+        *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
+        "data.task=coarse_pos", "freeze.strategy=layernorm", "freeze.name=layernorm",
+        "trainer.flush_denormal=true", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = logged_runs(store)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "UD_Naija-Slice-layernorm-tiny-s42"
+    m = run.data.metrics
+    assert 0 <= m["dev_accuracy"] <= 1 and m["best_dev_accuracy"] == m["dev_accuracy"]
+    # LN-tuning: 2 LayerNorms a block plus the embeddings', weight and bias each, and the head
+    hidden, blocks = 32, 6  # conf/model/tiny.yaml
+    layernorms = (2 * blocks + 1) * 2 * hidden
+    head = hidden * 4 + 4  # four coarse classes
+    assert m["trainable_params"] == layernorms + head
+    assert run.data.tags["speed.flush_denormal"] in ("on", "not applied: this device cannot "
+                                                     "flush denormals")  # fmt: skip
+    assert run.data.params["trainer.flush_denormal"] == "True"
+    # without the folder, the new keys are unknown: a composition error naming the key
+    plain = run_cli(*slice_overrides(slice_root, store, tmp_path), "trainer.flush_denormal=true")
+    assert plain.returncode != 0 and "flush_denormal" in plain.stderr
