@@ -141,3 +141,30 @@ def fit_here(cfg):
     with start_run(cfg, prepared.files.sha256) as run:
         results = fit(cfg, prepared, run)
     return run.id, results
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The packaged MiniLM's tokenizer (the tiny model's too)."""
+    from ablate.models.build import load_tokenizer
+
+    return load_tokenizer(compose_cfg("model=tiny").model)
+
+
+@pytest.fixture(scope="session")
+def features(slice_root, tokenizer):
+    """The Naija slice's train and dev windows, encoded for the POS task."""
+    from ablate import tasks
+
+    pos = tasks.get("pos")
+    folder = slice_root / "ud" / "UD_Naija-Slice"
+    label2id = {name: i for i, name in enumerate(pos.labels)}
+    return {
+        s: pos.encode(
+            pos.read(next(folder.glob(f"*-ud-{s}.conllu")), lowercase=True),
+            tokenizer,
+            label2id,
+            128,
+        )
+        for s in ("train", "dev")
+    }

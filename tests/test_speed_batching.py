@@ -8,37 +8,16 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-from speed_helpers import NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
+from speed_helpers import NO_DROPOUT, build, compose, make_trainer, tiny_distilbert
 from transformers import DataCollatorForTokenClassification
 
 from ablate.data.encode import IGNORE, count_scored
 from ablate.errors import AblateError
-from ablate.models.build import load_tokenizer
 from ablate.speed import batching
 from ablate.speed.grouping import packing_unsupported
 from ablate.speed.precision import attention_kernels, cpu_bf16
 from ablate.speed.prefix import PrefixCached, compute
 from ablate.training.prepare import check_switches
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(compose().model)
-
-
-@pytest.fixture(scope="module")
-def features(slice_root, tokenizer):
-    folder = slice_root / "ud" / "UD_Naija-Slice"
-    label2id = {name: i for i, name in enumerate(TASK.labels)}
-    return {
-        s: TASK.encode(
-            TASK.read(next(folder.glob(f"*-ud-{s}.conllu")), lowercase=True),
-            tokenizer,
-            label2id,
-            128,
-        )
-        for s in ("train", "dev")
-    }
 
 
 def collate(tokenizer, rows):

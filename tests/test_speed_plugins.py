@@ -31,22 +31,12 @@ from ablate.training.trainer import CoreTrainer
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(compose().model)
-
-
-@pytest.fixture(scope="module")
 def sentences(slice_root):
     folder = slice_root / "ud" / "UD_Naija-Slice"
     return {
         s: TASK.read(next(folder.glob(f"*-ud-{s}.conllu")), lowercase=True)
         for s in ("train", "dev")
     }
-
-
-@pytest.fixture(scope="module")
-def features(sentences, tokenizer):
-    return {s: TASK.encode(sents, tokenizer, LABEL2ID, 128) for s, sents in sentences.items()}
 
 
 # --- the registry -------------------------------------------------------------------------------

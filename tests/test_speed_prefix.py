@@ -18,31 +18,10 @@ from ablate.data.encode import IGNORE
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build as build_model
-from ablate.models.build import load_tokenizer
 from ablate.speed import prefix
 from ablate.speed.cache_frozen import CacheFrozen, StackIndices
 from ablate.speed.plugin import Context
 from ablate.speed.precision import cpu_bf16
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(compose().model)
-
-
-@pytest.fixture(scope="module")
-def features(slice_root, tokenizer):
-    folder = slice_root / "ud" / "UD_Naija-Slice"
-    label2id = {name: i for i, name in enumerate(TASK.labels)}
-    return {
-        s: TASK.encode(
-            TASK.read(next(folder.glob(f"*-ud-{s}.conllu")), lowercase=True),
-            tokenizer,
-            label2id,
-            128,
-        )
-        for s in ("train", "dev")
-    }
 
 
 def wrap(cfg, applied, features, tokenizer):
