@@ -6,6 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 PORT ?= 5000
+NOTEBOOK_PORT ?= 8888
 ARGS ?=
 
 # Developers and CI: the data folder beside the checkout; `make setup` points conf/local/ at it.
@@ -14,7 +15,7 @@ LOCAL := conf/local/default.yaml
 export MLFLOW_DISABLE_TELEMETRY ?= true
 TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 
-.PHONY: help setup run test lint format sweep lr-search report bench ui server server-stop clean distclean
+.PHONY: help setup run test lint format sweep lr-search report notebook bench ui server server-stop clean distclean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -58,8 +59,12 @@ lr-search: $(STAMP) ## a fair lr per freeze option: one Optuna study each, then 
 bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio table in reports/bench/ and MLflow (ARGS="--epochs 1 ...")
 	$(PY) benchmarks/bench.py --uri "$(TRACKING_URI)" $(ARGS)
 
-report: $(STAMP) ## comparison report from the tracked runs: charts, summary.md, summary.csv in reports/ (ARGS="--sweep latest")
+report: $(STAMP) ## comparison report of the latest sweep: charts, summary.md, summary.csv in reports/ (ARGS="--all", ARGS="--sweep multirun/...")
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
+
+notebook: $(STAMP) ## the report inline: notebooks/compare.ipynb in JupyterLab (installs the notebook extra once)
+	@$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,notebook]'
+	$(VENV)/bin/jupyter lab notebooks/compare.ipynb --ip 127.0.0.1 --port $(NOTEBOOK_PORT) $(ARGS)
 
 ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT)
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)

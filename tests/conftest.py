@@ -84,16 +84,34 @@ def slice_overrides(slice_root: Path, store: str, out: Path) -> list[str]:
     ]
 
 
-def logged_runs(store: str, experiment: str = "ablate") -> list:
-    """Every run of ``experiment`` in the MLflow store ``store``, read with MlflowClient."""
+def logged_runs(store: str, experiment: str = "ablate", sweeps: bool = False) -> list:
+    """Every training run of ``experiment`` in the MLflow store ``store`` (with ``sweeps``, the
+    sweeps' parent runs too), read with MlflowClient."""
     client = MlflowClient(store)
     found = client.get_experiment_by_name(experiment)
-    return client.search_runs([found.experiment_id]) if found else []
+    runs = client.search_runs([found.experiment_id]) if found else []
+    return [r for r in runs if sweeps or r.data.tags.get("ablate.role") != "sweep"]
+
+
+def sweep_parents(store: str, experiment: str = "ablate") -> list:
+    """The sweeps' parent runs of ``experiment``."""
+    return [r for r in logged_runs(store, experiment, sweeps=True)
+            if r.data.tags.get("ablate.role") == "sweep"]  # fmt: skip
+
+
+def run_info(store: str, run_id: str) -> dict:
+    """A run's ``run.json``: its environment, data files and what each speed plugin applied."""
+    import json
+    import tempfile
+
+    path = MlflowClient(store).download_artifacts(run_id, "run.json", tempfile.mkdtemp())
+    return json.loads(Path(path).read_text())
 
 
 def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python -m ablate.train ARGS`` in a real subprocess."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # one system-metrics sample a second: the tests' runs last seconds, not the default 10
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run(
         [sys.executable, "-m", "ablate.train", *args],
@@ -127,6 +145,12 @@ class FakeRecorder:
         self.metric_log.update(values)
 
     def heartbeat(self):
+        pass
+
+    def info(self, section, values):
+        self.info_log = {**getattr(self, "info_log", {}), section: dict(values)}
+
+    def dataset(self, name, source, sha256, context):
         pass
 
 

@@ -14,7 +14,7 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, run_cli, slice_overrides
+from conftest import ROOT, logged_runs, run_cli, slice_overrides
 from mlflow.tracking import MlflowClient
 
 from ablate import report
@@ -39,14 +39,18 @@ def grid(slice_root, tmp_path_factory) -> SimpleNamespace:
     exp = client.get_experiment_by_name("ablate")
     # A run that failed in training (errors in the configuration or data leave no run at all):
     # recorded as ablate records one, with the params of the grid's runs.
-    params = dict(client.search_runs([exp.experiment_id])[0].data.params)
-    params.update({"freeze": "first2", "freeze.first": "2", "seed": "1"})
-    failed = client.create_run(exp.experiment_id, run_name="UD_Naija-Slice-first2-tiny-s1").info
+    sibling = logged_runs(store)[0]
+    params = dict(sibling.data.params)
+    params.update({"freeze.name": "first2", "freeze.first": "2", "seed": "1"})
+    failed = client.create_run(
+        exp.experiment_id, run_name="UD_Naija-Slice-first2-tiny-s1",
+        tags={"mlflow.parentRunId": sibling.data.tags["mlflow.parentRunId"]},  # one of the sweep's
+    ).info  # fmt: skip
     for key, value in params.items():
         client.log_param(failed.run_id, key, value)
     client.set_tag(failed.run_id, "error", "RuntimeError: out of memory (injected)")
     client.set_terminated(failed.run_id, "FAILED")
-    runs = client.search_runs([exp.experiment_id])
+    runs = logged_runs(store)
     assert sorted(r.info.status for r in runs) == ["FAILED"] + ["FINISHED"] * 4
     return SimpleNamespace(store=store, tmp=tmp, client=client, runs=runs)
 
@@ -74,7 +78,7 @@ def logged(grid) -> dict[str, list]:
     by = {}
     for r in grid.runs:
         if r.info.status == "FINISHED":
-            by.setdefault(r.data.params["freeze"], []).append(r)
+            by.setdefault(r.data.params["freeze.name"], []).append(r)
     return {k: sorted(v, key=lambda r: int(r.data.params["seed"])) for k, v in by.items()}
 
 
@@ -222,7 +226,7 @@ def test_three_seeds_use_a_paired_t_interval(grid):
     assert row.dev_ci_method == "t over 3 seeds"
 
 
-def test_other_settings_and_reruns_are_left_out(grid):
+def test_other_settings_make_their_own_table_and_reruns_are_left_out(grid):
     runs = report.load_runs("ablate", grid.store, status="FINISHED")
     df, params = runs.runs, dict(runs.params)
     old = df[(df.freeze == "none") & (df.seed == 1)].copy()
@@ -242,15 +246,21 @@ def test_other_settings_and_reruns_are_left_out(grid):
     df = pd.concat([old, variant, df, rerun], ignore_index=True)
     rep = report.build(report.Runs(df, runs.history, params, runs.source))
     reasons = dict(zip(rep.excluded.seed, rep.excluded.reason, strict=True))
-    assert "trainer.epochs=1 (latest: 2)" in reasons[42]
     assert "freeze.embeddings=True (latest: False)" in reasons[7]
     assert reasons[2] == "superseded by the later run rerun"
-    assert "rerun" in set(rep.runs.run_id) and rep.summary.n.tolist() == [2, 2]
+    # two groups of settings: two tables, and no mean across them
+    panels = dict(rep.summary.groupby("panel").n.apply(list))
+    assert panels == {"UD_Naija-Slice · epochs=2": [2, 2], "UD_Naija-Slice · epochs=1": [1]}
+    assert "rerun" in set(rep.runs.run_id) and "smoke" in set(rep.runs.run_id)
+    assert not any("different settings" in note for note in rep.notes)
+    md = report.markdown(rep)
+    assert "## UD_Naija-Slice · epochs=1" in md and "## UD_Naija-Slice · epochs=2" in md
 
 
 def test_filters(grid):
-    assert len(report.load_runs("ablate", grid.store, sweep="latest").runs) == 4
-    assert len(report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep")).runs) == 4
+    # the sweep: its parent's children (the four jobs and the one that failed in training)
+    assert len(report.load_runs("ablate", grid.store, sweep="latest").runs) == 5
+    assert len(report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep")).runs) == 5
     assert len(report.load_runs("ablate", grid.store, status="FAILED").runs) == 1
     assert len(report.load_runs("ablate", grid.store, model=["tiny"]).runs) == 5
     with pytest.raises(AblateError, match="no usable runs"):

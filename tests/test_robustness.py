@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -13,7 +14,16 @@ import time
 
 import psutil
 import pytest
-from conftest import NAIJA, ROOT, conllu_blocks, run_cli, slice_overrides, write_treebank
+from conftest import (
+    NAIJA,
+    ROOT,
+    conllu_blocks,
+    logged_runs,
+    run_cli,
+    run_info,
+    slice_overrides,
+    write_treebank,
+)
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
@@ -31,9 +41,7 @@ from ablate.training.trainer import CoreTrainer
 
 
 def runs_in(store: str, experiment: str = "ablate"):
-    client = MlflowClient(store)
-    exp = client.get_experiment_by_name(experiment)
-    return client, client.search_runs([exp.experiment_id]) if exp else []
+    return MlflowClient(store), logged_runs(store, experiment)
 
 
 def test_killed_run_is_marked_killed_and_resumes_into_the_same_run(tmp_path):
@@ -98,7 +106,7 @@ def test_skip_finished_reruns_only_the_missing_jobs_of_a_grid(slice_root, tmp_pa
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     _, runs = runs_in(store)
-    assert sorted(r.data.params["freeze"] for r in runs) == ["all", "first2", "none"]
+    assert sorted(r.data.params["freeze.name"] for r in runs) == ["all", "first2", "none"]
     assert {r.info.status for r in runs} == {"FINISHED"}
     assert (again.stdout + again.stderr).count("skip_finished: identical config") == 2
 
@@ -122,9 +130,11 @@ def test_same_seed_gives_identical_dev_metrics_and_a_full_record(slice_root, tmp
     assert runs[0].data.metrics["test_accuracy"] == runs[1].data.metrics["test_accuracy"]
     tags = runs[0].data.tags
     assert tags["ablate.identity"] == runs[1].data.tags["ablate.identity"]
-    for package in ("torch", "transformers", "peft", "mlflow", "hydra-core"):
-        assert tags[f"versions.{package}"] not in ("", "absent")
-    assert tags["device"] == "cpu" and tags["git.dirty"] in ("True", "False")
+    environment = run_info(store, runs[0].info.run_id)["environment"]
+    for package in ("torch", "transformers", "peft", "datasets", "mlflow", "hydra-core"):
+        assert environment[package] not in ("", "absent")
+    assert tags["device"] == environment["device"] == "cpu"
+    assert tags["git.dirty"] in ("True", "False")
 
 
 def test_identity_ignores_where_runs_go_but_not_what_they_compute(slice_root, tmp_path):
@@ -198,7 +208,8 @@ def test_runs_without_a_heartbeat_from_another_host_are_killed_only_when_stale(
     exp_id = prepare(store, "ablate")
     client = MlflowClient(store)
     beat = f"{time.time() - beat_age_min * 60:.0f}"
-    tags = {"host": "elsewhere", "ablate.pid": "1", "ablate.heartbeat": beat}
+    process = {"host": "elsewhere", "pid": 1, "started": "1.00"}
+    tags = {"ablate.process": json.dumps(process), "ablate.heartbeat": beat}
     run = client.create_run(exp_id, tags=tags)
     killed = mark_stale_runs(client, exp_id, stale_after_s=30 * 60)
     assert killed == ([run.info.run_id] if beat_age_min > 30 else [])
@@ -213,11 +224,20 @@ def test_a_quiet_run_of_a_live_process_on_this_host_is_kept_and_a_reused_pid_is_
     client = MlflowClient(store)
     here, pid = socket.gethostname(), os.getpid()
     old_beat = f"{time.time() - 45 * 60:.0f}"  # quiet for 45 min: a long evaluation, say
-    tags = {"host": here, "ablate.pid": str(pid), "ablate.heartbeat": old_beat}
-    quiet = client.create_run(exp_id, tags={**tags, "ablate.pid_started": procs.started(pid)})
-    reused = client.create_run(exp_id, tags={**tags, "ablate.pid_started": "1"})  # another start
+
+    def recorded(started):
+        process = {"host": here, "pid": pid, "started": started}
+        return {"ablate.process": json.dumps(process), "ablate.heartbeat": old_beat}
+
+    quiet = client.create_run(exp_id, tags=recorded(procs.started(pid)))
+    reused = client.create_run(exp_id, tags=recorded("1.00"))  # another start, the same pid
+    # a run of an earlier version recorded its process in three tags
+    older = client.create_run(exp_id, tags={
+        "host": here, "ablate.pid": str(pid), "ablate.pid_started": "1",
+        "ablate.heartbeat": old_beat,
+    })  # fmt: skip
     killed = mark_stale_runs(client, exp_id, stale_after_s=30 * 60)
-    assert killed == [reused.info.run_id]
+    assert sorted(killed) == sorted([reused.info.run_id, older.info.run_id])
     assert client.get_run(quiet.info.run_id).info.status == "RUNNING"
     reason = client.get_run(reused.info.run_id).data.tags["ablate.killed_reason"]
     assert reason == f"process {pid} on {here} is gone"
@@ -321,7 +341,9 @@ def test_each_bad_input_is_one_named_error_and_leaves_no_run(slice_root, tmp_pat
     # Every error is caught before its run opens: only the good treebank's run is in the store,
     # and each bad job's log holds its one error line.
     _, runs = runs_in(store)
-    assert [(r.data.params["data"], r.info.status) for r in runs] == [("UD_ZeroWords", "FINISHED")]
+    assert [(r.data.params["data.name"], r.info.status) for r in runs] == [
+        ("UD_ZeroWords", "FINISHED")
+    ]
     (run,) = runs
     assert run.data.metrics["dev_empty_sentences"] == 1
     dev = read_conllu(next((ud / "UD_ZeroWords").glob("*-ud-dev.conllu")))

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, slice_overrides
+from conftest import logged_runs, run_cli, run_info, slice_overrides, sweep_parents
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
@@ -30,8 +30,7 @@ def free_port() -> int:
 
 def assert_complete_grid(uri: str, experiment: str, n: int, epochs: int = 2) -> list:
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id])
+    runs = logged_runs(uri, experiment)
     assert len(runs) == n
     assert {r.info.status for r in runs} == {"FINISHED"}
     assert len({r.info.run_name for r in runs}) == n
@@ -41,6 +40,13 @@ def assert_complete_grid(uri: str, experiment: str, n: int, epochs: int = 2) -> 
             assert sorted(steps) == list(range(1, epochs + 1)), (r.info.run_name, key)
     default = client.get_experiment_by_name("Default")
     assert default is None or not client.search_runs([default.experiment_id])
+    # one sweep: its parent run FINISHED, every job its child, each with its datasets
+    (parent,) = sweep_parents(uri, experiment)
+    assert parent.info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+    for r in runs:
+        contexts = sorted(d.tags[0].value for d in r.inputs.dataset_inputs)
+        assert contexts == ["dev", "test", "train"]
     return runs
 
 
@@ -60,8 +66,10 @@ def test_joblib_parallel_sweep_into_a_fresh_sqlite_store(slice_root, tmp_path):
     proc = parallel_sweep(slice_root, uri, tmp_path, "tracking.experiment=par")
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = assert_complete_grid(uri, "par", 4)
-    expected = max(1, (os.cpu_count() or 1) // 2)  # cores divided between the 2 workers
-    assert {r.data.tags["torch.threads"] for r in runs} == {str(expected)}
+    # the CPUs this process may use, divided between the 2 workers
+    expected = max(1, len(os.sched_getaffinity(0)) // 2)
+    threads = {run_info(uri, r.info.run_id)["environment"]["torch_threads"] for r in runs}
+    assert threads == {expected}
 
 
 def test_submitit_local_launcher(slice_root, tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FakeRecorder, compose_cfg, logged_runs, run_cli, slice_overrides
+from conftest import FakeRecorder, compose_cfg, logged_runs, run_cli, run_info, slice_overrides
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from speed_helpers import LABEL2ID, NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
@@ -397,12 +397,11 @@ def test_real_bf16_runs_train_on_rounded_batch_shapes(slice_root, store, tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = {r.data.params["trainer.round_shapes"]: r for r in logged_runs(store)}
     assert {k: r.info.status for k, r in runs.items()} == {"None": "FINISHED", "False": "FINISHED"}
-    assert (
-        runs["None"]
-        .data.tags["speed.round_shapes"]
-        .startswith(f"training widths in multiples of {SHAPE_WIDTH}")
+    speed = {k: run_info(store, r.info.run_id)["speed"] for k, r in runs.items()}
+    assert speed["None"]["round_shapes"].startswith(
+        f"training widths in multiples of {SHAPE_WIDTH}"
     )
-    assert runs["False"].data.tags["speed.round_shapes"] == "off"
+    assert speed["False"]["round_shapes"] == "off"
     padding = {k: r.data.metrics["padding_pct"] for k, r in runs.items()}
     assert padding["None"] > padding["False"] > 0  # the rounded rows' extra padding
 
@@ -421,12 +420,9 @@ def test_real_sweep_dev_evaluations_from_the_kept_prefix_give_the_same_numbers(
     client = MlflowClient(store)
     runs = {r.data.params["trainer.cache_frozen_eval"]: r for r in logged_runs(store)}
     assert {k: r.info.status for k, r in runs.items()} == {"True": "FINISHED", "False": "FINISHED"}
-    assert (
-        runs["True"]
-        .data.tags["speed.cache_frozen_eval"]
-        .startswith("dev windows: embeddings + blocks 0-")
-    )
-    assert runs["False"].data.tags["speed.cache_frozen_eval"] == "off"
+    speed = {k: run_info(store, r.info.run_id)["speed"] for k, r in runs.items()}
+    assert speed["True"]["cache_frozen_eval"].startswith("dev windows: embeddings + blocks 0-")
+    assert speed["False"]["cache_frozen_eval"] == "off"
     assert runs["True"].data.tags["ablate.identity"] == runs["False"].data.tags["ablate.identity"]
 
     def history(run):
@@ -458,17 +454,17 @@ def test_real_sweep_reuses_tokenisation_and_trains_on_the_cached_prefix(
         "seed=1,2",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(store)
-    exp = client.get_experiment_by_name("ablate")
-    runs = {r.data.params["seed"]: r for r in client.search_runs([exp.experiment_id])}
+    runs = {r.data.params["seed"]: r for r in logged_runs(store)}
     assert {s: r.info.status for s, r in runs.items()} == {"1": "FINISHED", "2": "FINISHED"}
-    assert runs["1"].data.tags["data.cache"] == "miss"
-    assert runs["2"].data.tags["data.cache"] == "hit"
-    for run in runs.values():
-        assert run.data.tags["speed.cache_frozen"] == "embeddings + blocks 0-3"
-        assert dropout.ATTENTION in run.data.tags["speed.fast_dropout"]
-        assert run.data.tags["speed.length_grouping"] == "pack"  # with that attention too
-        assert run.data.tags["speed.round_shapes"] == "off"  # fp32: rounding would only pad
+    info = {s: run_info(store, r.info.run_id) for s, r in runs.items()}
+    assert info["1"]["data"]["tokenized_cache"] == "miss"
+    assert info["2"]["data"]["tokenized_cache"] == "hit"
+    for seed, run in runs.items():
+        speed = info[seed]["speed"]
+        assert speed["cache_frozen"] == "embeddings + blocks 0-3"
+        assert dropout.ATTENTION in speed["fast_dropout"]
+        assert speed["length_grouping"] == "pack"  # with that attention too
+        assert speed["round_shapes"] == "off"  # fp32: rounding would only pad
         m = run.data.metrics
         assert m["cache_frozen_time_s"] > 0 and m["train_tokens_per_s"] > 0
         assert m["dev_eval_time_s"] > 0 and 0 <= m["dev_accuracy"] <= 1

@@ -381,7 +381,7 @@ def test_a_short_real_run_per_option(slice_root, store, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = MlflowClient(store)
     runs = logged_runs(store)
-    by_option = {r.data.params["freeze"]: r for r in runs}
+    by_option = {r.data.params["freeze.name"]: r for r in runs}
     assert sorted(by_option) == sorted(options.split(","))
     assert all(r.info.status == "FINISHED" for r in runs)
     n = {k: int(r.data.metrics["trainable_params"]) for k, r in by_option.items()}
@@ -414,7 +414,7 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
     assert sorted(studies) == ["lr-UD_Naija-Slice-tiny-bitfit", "lr-UD_Naija-Slice-tiny-lora"]
     for name, trials in studies.items():
         option = name.rsplit("-", 1)[1]
-        assert len(trials) == 2 and {r.data.params["freeze"] for r in trials} == {option}
+        assert len(trials) == 2 and {r.data.params["freeze.name"] for r in trials} == {option}
         lrs = [float(r.data.params["trainer.lr"]) for r in trials]
         assert all(1e-5 <= lr <= 1e-3 for lr in lrs) and lrs[0] != lrs[1]
         top = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])

@@ -392,9 +392,11 @@ def test_the_earlier_studies_presets(task_root, store, tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = logged_runs(store)
-    by = {r.data.params["freeze"]: r for r in runs}
+    by = {r.data.params["freeze.name"]: r for r in runs}
     assert sorted(by) == ["head_only", "lora_qkv", "none"]
-    assert all(r.info.status == "FINISHED" and r.data.params["data"] == "conll2003" for r in runs)
+    assert all(
+        r.info.status == "FINISHED" and r.data.params["data.name"] == "conll2003" for r in runs
+    )
     assert all(r.data.params["trainer.early_stopping_patience"] == "3" for r in runs)
     hidden = compose_cfg("model=tiny").model.config_overrides.hidden_size
     labels_n = len(ner.NER_TAGS)

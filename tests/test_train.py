@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
-from conftest import run_cli, slice_overrides
+from conftest import logged_runs, run_cli, run_info, slice_overrides, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate.config import project_root
@@ -15,9 +16,7 @@ from ablate.tasks.pos import UPOS, read_conllu
 
 
 def runs_of(store: str, experiment: str = "ablate"):
-    client = MlflowClient(store)
-    exp = client.get_experiment_by_name(experiment)
-    return client, client.search_runs([exp.experiment_id]) if exp else []
+    return MlflowClient(store), logged_runs(store, experiment)
 
 
 def gold_words(slice_root, split: str) -> int:
@@ -39,17 +38,28 @@ def single_run(slice_root, tmp_path_factory):
     return client, runs[0], proc
 
 
-def test_run_is_finished_and_named(single_run):
+def test_run_is_finished_and_named_for_what_it_computes(single_run):
     _, run, proc = single_run
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == "UD_Naija-Slice-alt-tiny-s42"
+    # the name, then the overrides that change what it computes (not where it goes)
+    assert run.info.run_name == "UD_Naija-Slice-alt-tiny-s42 epochs=2 max_length=24"
     assert "browse it with: make ui" in proc.stderr + proc.stdout
 
 
-def test_params_hold_the_resolved_config_and_short_names(single_run, slice_root):
+def test_the_job_log_has_one_line_per_epoch_and_no_library_noise(single_run):
+    _, _, proc = single_run
+    log = proc.stdout + proc.stderr  # a job log: no terminal
+    epochs = [line for line in log.splitlines() if "][ablate][INFO] - epoch " in line]
+    assert len(epochs) == 2 and "epoch 2/2: dev accuracy " in epochs[1]
+    assert "train loss " in epochs[1] and " s training" in epochs[1]
+    for noise in ("LOAD REPORT", "dataset had no length", "Writing model shards", "{'loss'"):
+        assert noise not in log, noise
+
+
+def test_params_are_the_resolved_config(single_run, slice_root):
     _, run, _ = single_run
     p = run.data.params
-    assert (p["data"], p["freeze"], p["model"], p["seed"]) == (
+    assert (p["data.name"], p["freeze.name"], p["model.name"], p["seed"]) == (
         "UD_Naija-Slice",
         "alt",
         "tiny",
@@ -57,6 +67,7 @@ def test_params_hold_the_resolved_config_and_short_names(single_run, slice_root)
     )
     assert p["trainer.lr"] == "5e-05" and p["trainer.epochs"] == "2" and p["freeze.every"] == "2"
     assert p["data.root"] == str(slice_root) and p["data.max_length"] == "24"
+    assert not {"data", "freeze", "model"} & set(p)  # no copies beside the config's own keys
 
 
 def test_dev_accuracy_per_epoch_and_final_metrics(single_run, slice_root):
@@ -77,13 +88,28 @@ def test_dev_accuracy_per_epoch_and_final_metrics(single_run, slice_root):
     assert m["test_words"] == gold_words(slice_root, "test")
 
 
-def test_tags_and_artifacts(single_run, slice_root, tmp_path):
+def test_datasets_a_few_tags_and_artifacts(single_run, slice_root, tmp_path):
     client, run, _ = single_run
     tags = run.data.tags
     folder = slice_root / "ud" / "UD_Naija-Slice"
+    inputs = {
+        d.tags[0].value: (d.dataset.name, d.dataset.digest, json.loads(d.dataset.source))
+        for d in run.inputs.dataset_inputs
+    }
+    files = run_info(run.data.params["tracking.uri"], run.info.run_id)["data"]["files"]
     for split in ("train", "dev", "test"):
         path = next(folder.glob(f"*-ud-{split}.conllu"))
-        assert tags[f"data.sha256.{split}"] == sha256_of(path)
+        name, digest, source = inputs[split]  # mlflow.log_input, context = the split
+        assert name == f"UD_Naija-Slice/{split}" and digest == sha256_of(path)[:32]
+        assert str(path) in json.dumps(source)
+        assert files[split] == {"path": str(path), "sha256": sha256_of(path)}
+    # the run page's tags: the record's few, MLflow's own (mlflow.*) aside
+    assert {k for k in tags if not k.startswith("mlflow.")} == {
+        "git.commit", "git.dirty", "device", "freeze.frozen_blocks", "ablate.identity",
+        "ablate.process", "ablate.heartbeat", "ablate.checkpoint_dir",
+    }  # fmt: skip
+    assert not [k for k, v in run.data.metrics.items() if v == 0 and k.startswith("dev_")]
+    assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's system metrics
     assert len(tags["git.commit"]) == 40 or not (project_root() / ".git").exists()
     assert tags["freeze.frozen_blocks"] == "[0, 2, 4]"
     assert "hydra.sweep_dir" not in tags
@@ -109,18 +135,18 @@ def test_tags_and_artifacts(single_run, slice_root, tmp_path):
     assert "PROPN" in text and "precision" in text
 
 
-def test_multirun_gives_distinct_finished_runs(slice_root, tmp_path):
+def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = run_cli(
         "--multirun", *slice_overrides(slice_root, store, tmp_path), "freeze=none,all,first2,alt",
         "tracking.experiment=grid", "trainer.epochs=1",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _, runs = runs_of(store, "grid")
+    client, runs = runs_of(store, "grid")
     assert len(runs) == 4
     assert {r.info.status for r in runs} == {"FINISHED"}
     assert {r.info.run_name for r in runs} == {
-        f"UD_Naija-Slice-{f}-tiny-s42" for f in ("none", "all", "first2", "alt")
+        f"UD_Naija-Slice-{f}-tiny-s42 epochs=1" for f in ("none", "all", "first2", "alt")
     }
     assert sorted(r.data.tags["hydra.job_num"] for r in runs) == ["0", "1", "2", "3"]
     assert {r.data.tags["hydra.sweep_dir"] for r in runs} == {str(tmp_path / "sweep")}
@@ -131,8 +157,23 @@ def test_multirun_gives_distinct_finished_runs(slice_root, tmp_path):
         "3",
     ]
     assert not runs_of(store, "Default")[1]  # nothing strayed into the default experiment
-    trainable = {r.data.params["freeze"]: r.data.metrics["trainable_params"] for r in runs}
+    trainable = {r.data.params["freeze.name"]: r.data.metrics["trainable_params"] for r in runs}
     assert trainable["all"] < trainable["alt"] < trainable["first2"] < trainable["none"]
+    # the sweep: one parent run, FINISHED, holding the report over its four children
+    (parent,) = sweep_parents(store, "grid")
+    assert parent.info.status == "FINISHED" and parent.data.tags["ablate.jobs"] == "4 FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+    assert parent.info.run_name.startswith("sweep ") and "freeze=none,all,first2,alt" in (
+        parent.info.run_name
+    )
+    held = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/summary.md", "report/summary.csv", "report/accuracy.png"} <= held
+    summary = client.download_artifacts(parent.info.run_id, "report/summary.csv", str(tmp_path))
+    assert sorted(pd.read_csv(summary).strategy) == ["all", "alt", "first2", "none"]
+    # the console: the summary table and the command for the full report
+    assert "Sweep FINISHED: 4 FINISHED." in proc.stdout
+    assert "| none |" in proc.stdout and "| all |" in proc.stdout
+    assert f'make report ARGS="--sweep {tmp_path / "sweep"}"' in proc.stdout
 
 
 def test_a_job_with_a_bad_setting_leaves_no_run_and_the_sweep_goes_on(slice_root, tmp_path):
@@ -155,9 +196,9 @@ def test_make_run_config_trains_the_packaged_minilm(tmp_path):
     proc = run_cli("experiment=smoke", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = runs_of(store)[1]
-    assert run.info.status == "FINISHED" and run.info.run_name == "naija-none-minilm-s42"
+    assert run.info.status == "FINISHED" and run.info.run_name == "naija-none-minilm-s42 smoke"
     assert run.data.metrics["train_sentences"] == 300
-    dev = read_conllu(Path(run.data.tags["data.file.dev"]))
+    dev = read_conllu(Path(run_info(store, run.info.run_id)["data"]["files"]["dev"]["path"]))
     tags = [t for s in dev for t in s.labels]
     majority = max(tags.count(t) for t in set(tags)) / len(tags)
     assert run.data.metrics["dev_words"] == len(tags)

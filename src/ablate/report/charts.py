@@ -20,6 +20,7 @@ from ablate.report.summary import STRATEGY_ORDER, Report
 
 BASELINE_COLOR = "#222222"
 PANEL_W, PANEL_H = 5.6, 4.2
+STRATEGY_W = 0.62  # inches of panel width per strategy, so that their labels never overlap
 
 
 def palette(strategies) -> dict[str, str]:
@@ -47,10 +48,19 @@ def _panels(report: Report) -> list[str]:
 
 def _figure(report: Report, rows: int = 1):
     n = len(_panels(report))
+    most = report.summary.groupby("panel").strategy.nunique().max()
+    width = max(PANEL_W, STRATEGY_W * most + 1.6)
     fig, axes = plt.subplots(
-        rows, n, figsize=(PANEL_W * n, PANEL_H * rows), squeeze=False, layout="constrained"
+        rows, n, figsize=(width * n, PANEL_H * rows), squeeze=False, layout="constrained"
     )
     return fig, axes
+
+
+def _strategy_ticks(ax, order) -> None:
+    """Strategy names under their bars, slanted and anchored at their end so none overlaps."""
+    ax.set_xticks(range(len(order)), order)
+    for label in ax.get_xticklabels():
+        label.set(rotation=40, ha="right", rotation_mode="anchor")
 
 
 def _label(metric: str) -> str:
@@ -75,13 +85,11 @@ def _titles(fig, report: Report, title: str, subtitle: str) -> None:
 
 
 def _baseline_line(ax, y: float, text: str) -> None:
+    """The baseline's value as a dashed line, named in the legend (a label on the line would
+    collide with the strategies' own)."""
     if y is None or math.isnan(y):
         return
-    ax.axhline(y, ls="--", lw=1.2, color=BASELINE_COLOR, alpha=0.7, zorder=0)
-    ax.annotate(
-        text, xy=(1, y), xycoords=("axes fraction", "data"), xytext=(-4, 3),
-        textcoords="offset points", ha="right", va="bottom", fontsize=8, color=BASELINE_COLOR,
-    )  # fmt: skip
+    ax.axhline(y, ls="--", lw=1.2, color=BASELINE_COLOR, alpha=0.7, zorder=0, label=text or None)
 
 
 def _base_value(s: pd.DataFrame, report: Report, col: str) -> float:
@@ -121,13 +129,10 @@ def accuracy(report: Report):
             _baseline_line(
                 ax, _base_value(s, report, "dev_mean_pct"), f"{report.baseline} (baseline)"
             )
-            ax.set_xticks(range(len(order)), order)
+            _strategy_ticks(ax, order)
             ax.set_xlim(-0.5, len(order) - 0.5)
             ax.set(title=panel, xlabel="freezing strategy", ylabel=_label(s.metric.iloc[0]))
-            ax.tick_params(axis="x", rotation=30)
-            handles, labels = ax.get_legend_handles_labels()
-            if handles:
-                ax.legend(handles[:1], labels[:1], loc="lower left", fontsize=8)
+            ax.legend(loc="lower left", fontsize=8)
         methods = _methods(report.summary.dev_ci_method)
         _titles(fig, report, f"Dev {_metric(report)} per freezing strategy (mean over seeds)",
                 f"error bars: 95 % CI ({methods})")  # fmt: skip
@@ -153,11 +158,16 @@ def convergence(report: Report):
                     label=f"{strategy} (baseline)" if base else strategy, marker="o",
                     lw=2.6 if base else 1.6, ls="--" if base else "-", zorder=3 if base else 2,
                 )  # fmt: skip
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            epochs = int(h.epoch.max()) if len(h) else 1
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+            ax.set_xlim(0.5 if epochs == 1 else 0.8, epochs + (0.5 if epochs == 1 else 0.2))
             ax.set(title=panel, xlabel="epoch", ylabel=_label(metric))
-            ax.legend(fontsize=8, loc="best")
+            # beside the plot: a dozen strategies would cover their own curves
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
         one = (report.summary.n == 1).all()
         band = "one seed per strategy: no band" if one else "band: min–max over seeds"
+        if int(report.history.epoch.max() if len(report.history) else 1) == 1:
+            band = "one epoch: each strategy's dev score after it; " + band
         _titles(
             fig,
             report,
@@ -180,14 +190,13 @@ def accuracy_vs_params(report: Report):
                 ax.errorbar(
                     r.trainable_params_m, r.dev_mean_pct, yerr=yerr[:, i : i + 1],
                     fmt="*" if base else "o", ms=14 if base else 8, color=colours[r.strategy],
-                    capsize=4, lw=1.5, zorder=3,
-                )  # fmt: skip
-                ax.annotate(
-                    f"{r.strategy} (baseline)" if base else r.strategy,
-                    (r.trainable_params_m, r.dev_mean_pct), xytext=(7, 7 if i % 2 else -12),
-                    textcoords="offset points", fontsize=9, color=colours[r.strategy],
+                    capsize=4, lw=1.5, zorder=3, alpha=0.85,
+                    label=f"{r.strategy} (baseline)" if base else r.strategy,
                 )  # fmt: skip
             _baseline_line(ax, _base_value(s, report, "dev_mean_pct"), "")
+            # named in a legend beside the plot: strategies with close counts and scores would
+            # bury labels written next to their points under each other
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
             spread = s.trainable_params_m.max() / max(s.trainable_params_m.min(), 1e-12)
             xlabel = "trainable parameters (M)"
             if spread > 20:  # LoRA-like strategies sit orders of magnitude below the others
@@ -227,11 +236,14 @@ def train_time(report: Report):
                 if r.strategy != b and not math.isnan(r.time_savings_pct):
                     y = max(r.train_time_s, runs[runs.freeze == r.strategy].train_time_s.max())
                     top.annotate(
-                        f"{-r.time_savings_pct:+.0f} %", (i, y), xytext=(0, 4),
-                        textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                        f"{-r.time_savings_pct:+.0f} %", (i, y), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=7,
                     )  # fmt: skip
             _baseline_line(top, _base_value(s, report, "train_time_s"), f"{b} (baseline)")
             top.set(title=panel, xlabel="", ylabel="train time (s), epochs only")
+            top.margins(y=0.12)  # room for the labels above the bars
+            if top.get_legend_handles_labels()[0]:
+                top.legend(fontsize=8, loc="lower left")
 
             saved = s[s.strategy != b].melt(
                 id_vars="strategy", value_vars=["time_savings_pct", "param_savings_pct"],
@@ -252,8 +264,8 @@ def train_time(report: Report):
                             transform=bottom.transAxes)  # fmt: skip
             bottom.axhline(0, color=BASELINE_COLOR, lw=1)
             bottom.set(xlabel="freezing strategy", ylabel=f"saving vs {b} (%)")
-            for ax in (top, bottom):
-                ax.tick_params(axis="x", rotation=30)
+            _strategy_ticks(top, order)
+            _strategy_ticks(bottom, [t.get_text() for t in bottom.get_xticklabels()])
         _titles(fig, report, "Training time per strategy and savings vs the baseline",
                 "time spent in training epochs (dev evaluation excluded); bars: mean over seeds, "
                 f"dots: seeds; labels: change vs {b}")  # fmt: skip

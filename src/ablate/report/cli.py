@@ -13,6 +13,21 @@ from ablate.report.render import write
 from ablate.report.summary import BASELINE, build
 
 
+def _load(args):
+    """The runs in scope: the sweep asked for, else the latest sweep (or, with ``--all`` or
+    when the store holds no sweep, every run)."""
+    filters = {"data": args.data, "model": args.model, "status": args.status, "metric": args.metric}
+    if args.all:
+        return load_runs(args.experiment, args.uri, **filters)
+    try:
+        return load_runs(args.experiment, args.uri, sweep=args.sweep or "latest", **filters)
+    except AblateError:
+        if args.sweep:
+            raise
+        print("no sweep in this experiment: the report covers every run (as --all)")
+        return load_runs(args.experiment, args.uri, **filters)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: read runs, write the report, print where it went and what was left out."""
     parser = argparse.ArgumentParser(
@@ -24,17 +39,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--experiment", default="ablate", help="MLflow experiment name")
     parser.add_argument("--data", nargs="+", help="only these datasets (the `data` param)")
     parser.add_argument("--model", nargs="+", help="only these models (the `model` param)")
-    parser.add_argument("--sweep", help="only runs of this multirun folder, or 'latest'")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--sweep", help="the runs of this sweep: its multirun folder, or 'latest' (the default)"
+    )
+    scope.add_argument(
+        "--all", action="store_true",
+        help="every run of the experiment, a table per group of equal settings",
+    )  # fmt: skip
     parser.add_argument("--status", nargs="+", help="only runs with these statuses")
     parser.add_argument("--metric", help="primary metric (default: from each run's data.task)")
     parser.add_argument("--baseline", default=BASELINE, help="strategy to compare against")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: reports/)")
     args = parser.parse_args(argv)
     try:
-        runs = load_runs(
-            args.experiment, args.uri, data=args.data, model=args.model, sweep=args.sweep,
-            status=args.status, metric=args.metric,
-        )  # fmt: skip
+        runs = _load(args)
         report = build(runs, baseline=args.baseline)
         paths = write(report, args.out)
     except AblateError as exc:

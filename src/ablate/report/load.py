@@ -22,6 +22,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402  (after the environm
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 _RUN_METRICS = {
+    "train_flops": "train_flops",
     "trainable_params": "trainable_params",
     "total_params": "total_params",
     "trainable_pct": "trainable_pct",
@@ -82,13 +83,34 @@ def _search(client: MlflowClient, experiment_id: str) -> list:
             return runs
 
 
-def _sweep_dir(runs: list, sweep: str) -> str:
-    if sweep != "latest":
-        return str(Path(sweep).expanduser().resolve())
-    tagged = [r for r in runs if "hydra.sweep_dir" in r.data.tags]
-    if not tagged:
-        raise AblateError("--sweep latest: no run of this experiment has a hydra.sweep_dir tag")
-    return max(tagged, key=lambda r: r.info.start_time).data.tags["hydra.sweep_dir"]
+def latest_sweep(runs: list):
+    """The newest sweep's parent run (tag ``ablate.role=sweep``), or None."""
+    parents = [r for r in runs if r.data.tags.get("ablate.role") == "sweep"]
+    return max(parents, key=lambda r: r.info.start_time) if parents else None
+
+
+def _sweep_filter(runs: list, sweep: str) -> tuple[str | None, str | None]:
+    """(parent run id, sweep folder) of ``sweep``: a multirun folder or ``latest``."""
+    if sweep == "latest":
+        parent = latest_sweep(runs)
+        if parent is not None:
+            return parent.info.run_id, parent.data.tags.get("hydra.sweep_dir")
+        tagged = [r for r in runs if "hydra.sweep_dir" in r.data.tags]  # runs of older versions
+        if not tagged:
+            raise AblateError("--sweep latest: no sweep (a --multirun) in this experiment")
+        return None, max(tagged, key=lambda r: r.info.start_time).data.tags["hydra.sweep_dir"]
+    folder = str(Path(sweep).expanduser().resolve())
+    parents = [
+        r for r in runs
+        if r.data.tags.get("ablate.role") == "sweep"
+        and r.data.tags.get("hydra.sweep_dir") == folder
+    ]  # fmt: skip
+    return (parents[0].info.run_id if parents else None), folder
+
+
+def _name(params: dict[str, str], key: str) -> str | None:
+    # data.name, freeze.name, model.name; runs of earlier versions logged them as data, ...
+    return params.get(f"{key}.name", params.get(key))
 
 
 def load_runs(
@@ -98,18 +120,21 @@ def load_runs(
     data: str | Sequence[str] | None = None,
     model: str | Sequence[str] | None = None,
     sweep: str | None = None,
+    parent: str | None = None,
     status: str | Sequence[str] | None = None,
     metric: str | None = None,
 ) -> Runs:
     """Read the runs of ``experiment`` from the store at ``uri`` (default: the project's store).
 
-    Filters: ``data``/``model`` (the short params), ``sweep`` (a multirun folder, matched against
-    the ``hydra.sweep_dir`` tag, or ``"latest"``), ``status`` (e.g. ``"FINISHED"``). ``metric`` is
-    the primary metric; by default each run's comes from its ``data.task``. Per-epoch histories
-    come from MLflow's metric history (``search_runs`` only keeps the last value); a run's
-    ``train_time_s`` is the sum of its per-epoch ``epoch_time_s`` (training only: the Trainer's
-    ``train_runtime_s``, kept as ``trainer_runtime_s``, also counts the dev evaluation after each
-    epoch, which freezing does not change).
+    Filters: ``data``/``model`` (their short names), ``sweep`` (a multirun folder or
+    ``"latest"``: that sweep's runs, the children of its parent run), ``parent`` (a sweep's
+    parent run id), ``status`` (e.g. ``"FINISHED"``). A sweep's parent run itself is no training
+    run and never listed. ``metric`` is the primary metric; by default each run's own.
+    Per-epoch histories come from MLflow's metric history (``search_runs`` keeps only the last
+    value); a run's ``train_time_s`` is the sum of its per-epoch ``epoch_time_s`` (training only:
+    the Trainer's ``train_runtime_s``, kept as ``trainer_runtime_s``, also counts the dev
+    evaluation after each epoch, which freezing does not change); ``wall_s`` its whole run;
+    ``load_per_cpu`` the highest machine load per usable CPU at the end of one of its epochs.
     """
     uri = uri or default_tracking_uri()
     client = MlflowClient(tracking_uri=uri)
@@ -120,15 +145,21 @@ def load_runs(
     if exp is None:
         raise AblateError(f"no MLflow experiment {experiment!r} in {uri}")
     found = _search(client, exp.experiment_id)
-    sweep_dir = _sweep_dir(found, sweep) if sweep else None
+    sweep_dir = None
+    if sweep:
+        parent, sweep_dir = _sweep_filter(found, sweep)
     wanted = {"data": _as_set(data), "model": _as_set(model), "status": _as_set(status)}
 
     rows, params = [], {}
     for r in found:
         p, tags, m = r.data.params, r.data.tags, r.data.metrics
-        if sweep_dir and tags.get("hydra.sweep_dir") != sweep_dir:
+        if tags.get("ablate.role") == "sweep":
             continue
-        values = {"data": p.get("data"), "model": p.get("model"), "status": r.info.status}
+        if parent and tags.get("mlflow.parentRunId") != parent:
+            continue
+        if not parent and sweep_dir and tags.get("hydra.sweep_dir") != sweep_dir:
+            continue
+        values = {"data": _name(p, "data"), "model": _name(p, "model"), "status": r.info.status}
         if any(keep is not None and values[k] not in keep for k, keep in wanted.items()):
             continue
         task = p.get("data.task")
@@ -139,9 +170,9 @@ def load_runs(
                 "run_name": r.info.run_name,
                 "status": r.info.status,
                 "start_time": pd.to_datetime(r.info.start_time, unit="ms"),
-                "data": p.get("data"),
-                "model": p.get("model"),
-                "freeze": p.get("freeze"),
+                "data": _name(p, "data"),
+                "model": _name(p, "model"),
+                "freeze": _name(p, "freeze"),
                 "seed": _int(p.get("seed")),
                 "task": task,
                 "items": item_name(m),
@@ -152,6 +183,7 @@ def load_runs(
                 "test": m.get(f"test_{name}"),
                 **{col: m.get(key) for col, key in _RUN_METRICS.items()},
                 "epochs": _int(p.get("trainer.epochs")),
+                "wall_s": (r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else None,
                 "sweep_dir": tags.get("hydra.sweep_dir"),
                 "job_num": _int(tags.get("hydra.job_num")),
                 "git_commit": tags.get("git.commit"),
@@ -165,7 +197,7 @@ def load_runs(
 
     hist = []
     for row in runs[runs.status == "FINISHED"].itertuples():
-        for key in (f"dev_{row.metric}", "train_loss", "epoch_time_s"):
+        for key in (f"dev_{row.metric}", "train_loss", "epoch_time_s", "load_per_cpu"):
             points = latest_per_step(client.get_metric_history(row.run_id, key))
             for step, value in points.items():  # a resumed run may have logged a step twice
                 hist.append(
@@ -174,11 +206,14 @@ def load_runs(
     history_df = pd.DataFrame(hist, columns=_HISTORY_COLUMNS)
     epochs = history_df[history_df.key == "epoch_time_s"]
     runs["train_time_s"] = runs.run_id.map(epochs.groupby("run_id").value.sum())
+    load = history_df[history_df.key == "load_per_cpu"]
+    runs["load_per_cpu"] = runs.run_id.map(load.groupby("run_id").value.max())
     source = {
         "uri": uri,
         "experiment": experiment,
         **{k: ",".join(sorted(v)) for k, v in wanted.items() if v},
         **({"sweep": sweep_dir} if sweep_dir else {}),
+        **({"parent": parent} if parent else {}),
         **({"metric": metric} if metric else {}),
     }
     return Runs(runs=runs, history=history_df, params=params, source=source)
@@ -187,7 +222,7 @@ def load_runs(
 _RUN_COLUMNS = [
     "run_id", "run_name", "status", "start_time", "data", "model", "freeze", "seed", "task",
     "items", "metric", "dev", "best_dev", "test", *_RUN_METRICS, "train_time_s", "epochs",
-    "sweep_dir", "job_num", "git_commit", "error",
+    "wall_s", "sweep_dir", "job_num", "git_commit", "error",
 ]  # fmt: skip
 _HISTORY_COLUMNS = ["run_id", "data", "model", "freeze", "seed", "key", "epoch", "value"]
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ablate.config import project_root
 from ablate.report.stats import N_BOOT
-from ablate.report.summary import Report
+from ablate.report.summary import LOADED, Report
 
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
 
@@ -32,6 +32,7 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
     b = report.baseline
     out = []
     for r in s.itertuples():
+        loaded = " *" if r.load_per_cpu > LOADED else ""  # NaN: not recorded, not flagged
         dev = _num(r.dev_mean_pct)
         dev += f" ± {_num(r.dev_std_pct)}" if r.n > 1 else " (1 seed)"
         if r.delta_method == "baseline":
@@ -51,8 +52,11 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
                 + (f" ± {_num(r.test_std_pct)}" if r.n > 1 else ""),
                 "trainable params (M)": _params(r.trainable_params_m),
                 f"param savings vs {b} (%)": _num(r.param_savings_pct, 1),
-                "train time (s)": _num(r.train_time_s, 1),
-                f"time savings vs {b} (%)": _num(r.time_savings_pct, 1),
+                "train time (s)": _num(r.train_time_s, 1) + loaded,
+                f"time savings vs {b} (%)": _num(r.time_savings_pct, 1) + loaded,
+                "train FLOPs": "–" if math.isnan(r.train_flops) else f"{r.train_flops:.3g}",
+                "wall time (s)": _num(r.wall_s, 0) + loaded,
+                "peak memory (MiB)": _num(r.peak_rss_mb, 0),
                 f"Δ dev vs {b} (pt) [95 % CI]": delta,
                 "interval": r.delta_method if r.delta_method != "baseline" else "",
             }
@@ -68,6 +72,16 @@ def _md_table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
     lines.append("|" + "|".join("--:" if c in right else "---" for c in df.columns) + "|")
     lines += ["| " + " | ".join(esc(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
+
+
+def tables(report: Report) -> str:
+    """The summary tables alone, one per panel (dataset, model, group of settings)."""
+    parts = []
+    for panel in report.summary.panel.unique():
+        t = table(report, panel).drop(columns=["dataset", "interval"])
+        numeric = [c for c in t.columns if c != "strategy"]
+        parts += [f"{panel}:", _md_table(t, right=numeric), ""]
+    return "\n".join(parts)
 
 
 def markdown(report: Report, charts: bool = True) -> str:
@@ -92,7 +106,10 @@ def markdown(report: Report, charts: bool = True) -> str:
         "epoch's), mean ± std over seeds. Train time is "
         "the time spent in training epochs (sum of `epoch_time_s`), without the dev evaluation "
         "after each epoch; the Trainer's runtime, which includes it, is `trainer_runtime_s` in "
-        f"summary.csv. Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
+        "summary.csv, and wall time is the whole run's. Train FLOPs counts the training "
+        "FLOPs actually executed (padding included): machine-independent, unlike the times, "
+        "which depend on the machine and on what else ran on it (a * marks times measured on a "
+        f"loaded machine). Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
         "per-seed differences with 3 or more seeds, otherwise a percentile bootstrap over dev "
         f"items (words or sentences; {N_BOOT} resamples, fixed RNG seed) when the runs logged "
         "their dev predictions; "

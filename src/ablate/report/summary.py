@@ -8,6 +8,7 @@ result beyond seed noise, from ``ablate.speed.registry``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -67,8 +68,22 @@ def _diff(a: dict[str, str], b: dict[str, str]) -> str:
     return ", ".join(f"{k}={a.get(k, '-')} (latest: {b.get(k, '-')})" for k in keys)
 
 
+def _group_labels(shared: dict[str, dict[str, str]]) -> dict[str, str]:
+    """A label per group of settings: the values of the keys in which the groups differ."""
+    groups = list(dict.fromkeys(json.dumps(s, sort_keys=True) for s in shared.values()))
+    if len(groups) < 2:
+        return dict.fromkeys(groups, "")
+    decoded = [json.loads(g) for g in groups]
+    keys = sorted({k for g in decoded for k in g if len({d.get(k) for d in decoded}) > 1})
+    return {
+        g: ", ".join(f"{k.rsplit('.', 1)[-1]}={d.get(k, '-')}" for k in keys)
+        for g, d in zip(groups, decoded, strict=True)
+    }
+
+
 def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Split runs into the ones a summary uses and the ones left out, with the reason."""
+    """Split runs into the ones a summary uses and the ones left out, with the reason; the used
+    ones carry their group of settings (``group``: a label, empty when there is one group)."""
     df = runs.runs.sort_values("start_time", kind="stable", ignore_index=True)
     reasons: dict[str, str] = {}
     ident = df[["data", "model", "freeze"]].notna().all(axis=1) & df.seed.notna()
@@ -80,17 +95,26 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     for row in df[ident & (df.status == "FINISHED") & df.dev.isna()].itertuples():
         reasons[row.run_id] = f"no dev_{row.metric} logged"
 
+    # Runs are compared only within a group of equal settings (every setting but the seed and
+    # the strategy's own keys): one table per group, never a mean across groups.
     ok = df[~df.run_id.isin(reasons)]
-    # Seeds of one strategy must share every setting; the latest run defines which settings the
-    # report shows (an earlier smoke run with other epochs must not become a "seed").
-    for _, cell in ok.groupby(["data", "model", "freeze"]):
+    shared = {
+        r: {k: v for k, v in settings(runs.params[r]).items() if not k.startswith("freeze.")}
+        for r in ok.run_id
+    }
+    labels = _group_labels(shared)
+    df["group"] = df.run_id.map(lambda r: labels.get(json.dumps(shared.get(r), sort_keys=True)))
+    ok = df[~df.run_id.isin(reasons)]
+    # Within a group, the seeds of one strategy also share its own keys; the latest run decides
+    # (a variant under the same name, freeze.embeddings=true say, is not one of its seeds).
+    for _, cell in ok.groupby(["group", "data", "model", "freeze"]):
         latest = settings(runs.params[cell.run_id.iloc[-1]])
         for row in cell.itertuples():
             diff = _diff(settings(runs.params[row.run_id]), latest)
             if diff:
                 reasons[row.run_id] = f"other settings than the latest {row.freeze} run: {diff}"
     ok = df[~df.run_id.isin(reasons)]
-    for _, cell in ok.groupby(["data", "model", "freeze", "seed"]):
+    for _, cell in ok.groupby(["group", "data", "model", "freeze", "seed"]):
         for row in cell.iloc[:-1].itertuples():
             reasons[row.run_id] = f"superseded by the later run {cell.run_id.iloc[-1]}"
 
@@ -98,13 +122,15 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     left = df[df.run_id.isin(reasons)].assign(reason=lambda d: d.run_id.map(reasons))
     left = left[_EXCLUDED_COLUMNS]
 
-    # A strategy x seed that the grid implies (seeds used in the panel, strategies seen in it) but
+    # A strategy x seed that a grid implies (seeds used in its panel, strategies seen in it) but
     # for which no run exists at all.
     missing = []
-    for (data, model), panel in df[ident].groupby(["data", "model"]):
-        seeds = set(used[(used.data == data) & (used.model == model)].seed.dropna())
-        for strategy in strategy_order(panel.freeze):
-            have = set(panel[panel.freeze == strategy].seed)
+    for (group, data, model), panel in used.groupby(["group", "data", "model"]):
+        seeds = set(panel.seed.dropna())
+        tried = df[ident & (df.data == data) & (df.model == model)]
+        tried = tried[tried.group.isna() | (tried.group == group)]
+        for strategy in strategy_order(tried.freeze):
+            have = set(tried[tried.freeze == strategy].seed)
             for seed in sorted(seeds - have):
                 missing.append((None, data, model, strategy, seed, "MISSING", "no run logged"))
     left = pd.concat([left, pd.DataFrame(missing, columns=_EXCLUDED_COLUMNS)], ignore_index=True)
@@ -112,10 +138,11 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _panels(df: pd.DataFrame) -> pd.Series:
+    """A panel per dataset (and model, and group of settings, when there are several)."""
     many_models = df.groupby("data").model.nunique().gt(1).any() if len(df) else False
-    if many_models:
-        return df.data + " · " + df.model
-    return df.data.copy()
+    panel = df.data + " · " + df.model if many_models else df.data.copy()
+    grouped = df.group.fillna("") != ""
+    return panel.where(~grouped, panel + " · " + df.group.fillna(""))
 
 
 def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot: dict) -> dict:
@@ -147,6 +174,10 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot
         "train_time_s": cell.train_time_s.mean(skipna=False),
         "train_time_s_std": cell.train_time_s.std(ddof=1) if n > 1 else math.nan,
         "trainer_runtime_s": cell.trainer_runtime_s.mean(),
+        "wall_s": cell.wall_s.mean(),
+        "peak_rss_mb": cell.peak_rss_mb.mean(),
+        "train_flops": cell.train_flops.mean(),
+        "load_per_cpu": cell.load_per_cpu.max(),
     }
     if n >= 3:
         _, lo, hi = t_interval(dev)
@@ -199,8 +230,12 @@ _SUMMARY_COLUMNS = [
     "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
     "trainable_params_m", "total_params_m", "param_savings_pct",
     "train_time_s", "train_time_s_std", "time_savings_pct", "trainer_runtime_s",
+    "wall_s", "peak_rss_mb", "train_flops", "load_per_cpu",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
 ]  # fmt: skip
+# A run whose machine had more than this many runnable threads per usable CPU at the end of an
+# epoch shared its cores: its times are not comparable with an idle machine's.
+LOADED = 1.25
 
 
 def build(
@@ -238,6 +273,14 @@ def build(
             rows.append({**head, "metric": metric, **_row(cell, base, preds, boot)})
         if differ := _differing_settings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
+        loaded = group[group.load_per_cpu > LOADED]
+        if len(loaded):
+            names = ", ".join(strategy_order(loaded.freeze))
+            notes.append(
+                f"{panel}: times marked * were measured on a loaded machine (up to "
+                f"{loaded.load_per_cpu.max():.1f} runnable threads per CPU; runs of {names}): "
+                f"compare them with care."
+            )
         counts = group.groupby("freeze").size()
         if counts.nunique() > 1:
             notes.append(f"{panel}: strategies have different numbers of seeds: {_counts(counts)}.")

@@ -1,5 +1,6 @@
 """Measurement: real and padded training tokens, their rate, the padding share, the dev evaluation
-time per epoch and (``trainer.measure_flops``) the executed training FLOPs.
+time per epoch, and the run's executed training FLOPs (``train_flops``; with
+``trainer.measure_flops`` also per epoch and per second).
 
 Always on: it changes nothing a run computes. ``CountingCollator`` counts the collated training
 batches, or, where a Trainer mixin computes other rows than it collated (packed rows,
@@ -108,8 +109,9 @@ def flop_model(
 
 class SpeedMeter(TrainerCallback):
     """Logs per epoch (step = epoch): ``train_tokens`` (non-pad), ``train_tokens_per_s``,
-    ``padding_pct`` and ``dev_eval_time_s``; with ``measure_flops`` at the end also
-    ``train_flops_per_epoch`` and ``train_flops_per_s`` (executed FLOPs, padding included).
+    ``padding_pct`` and ``dev_eval_time_s``; at the end ``train_flops`` (executed FLOPs of the
+    run, padding included: two probes of a forward and backward, ``flop_model``), and with
+    ``measure_flops`` also ``train_flops_per_epoch`` and ``train_flops_per_s``.
     """
 
     def __init__(self, run, collator: CountingCollator, measure_flops: bool = False):
@@ -143,20 +145,22 @@ class SpeedMeter(TrainerCallback):
             self.run.metrics({"dev_eval_time_s": metrics["eval_runtime"]}, step=self._epoch(state))
 
     def on_train_end(self, args, state, control, model=None, train_dataloader=None, **kwargs):
-        if not (self.measure_flops and self.epoch_stats and model is not None):
+        if not self.epoch_stats or model is None:
             return
         dataset = getattr(train_dataloader, "dataset", None)
         if dataset is None or not len(dataset):
             return
         a, b = flop_model(model, dataset, self.collator, args.device)  # stats inactive now
         flops = [a * padded + b * bl2 for _, padded, bl2, _ in self.epoch_stats]
-        seconds = sum(s for *_, s in self.epoch_stats)
-        self.run.metrics(
-            {
-                "train_flops_per_epoch": sum(flops) / len(flops),
-                "train_flops_per_s": sum(flops) / max(seconds, 1e-9),
-            }
-        )
+        per_epoch = sum(flops) / len(flops)
+        # executed training FLOPs of the whole run (a resumed run's earlier epochs as these)
+        metrics = {"train_flops": per_epoch * round(state.epoch or len(flops))}
+        if self.measure_flops:
+            seconds = sum(s for *_, s in self.epoch_stats)
+            metrics.update(
+                train_flops_per_epoch=per_epoch, train_flops_per_s=sum(flops) / max(seconds, 1e-9)
+            )
+        self.run.metrics(metrics)
 
 
 class Meter(Plugin):

@@ -196,7 +196,8 @@ SWITCHES: list[Switch] = [
         False,
         {"cpu": False, "cuda": False},
         IDENTICAL,
-        "log executed training FLOPs per epoch and per second (a FlopCounterMode probe)",
+        "also log the executed training FLOPs per epoch and per second (every run logs its total, "
+        "`train_flops`)",
         plugin="meter",
         legacy_identity=True,
     ),  # fmt: skip

@@ -5,10 +5,12 @@ KILLED; ``Run`` is what training records through (``ablate.training.recorder.Rec
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,29 +21,39 @@ from hydra.core.hydra_config import HydraConfig
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from ablate import config
 from ablate.config import project_root
 from ablate.tracking import procs
 from ablate.tracking.history import latest_per_step
 from ablate.tracking.identity import identity
+from ablate.tracking.parent import sweep_parent
 from ablate.tracking.store import prepare
+
+# MLflow's system-metrics monitor announces every start and stop; its warnings still show.
+logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
 
 
 def environment() -> dict[str, str]:
-    """Versions and device: what a reader needs to reproduce a number."""
+    """Versions, device and host: what a reader needs to reproduce a number."""
     import importlib.metadata as md
     import platform
 
     import torch
 
-    tags = {"versions.python": platform.python_version()}
-    for package in ("torch", "transformers", "peft", "mlflow", "hydra-core", "accelerate"):
+    info = {"python": platform.python_version()}
+    for package in ("torch", "transformers", "peft", "datasets", "mlflow", "hydra-core"):
         try:
-            tags[f"versions.{package}"] = md.version(package)
+            info[package] = md.version(package)
         except md.PackageNotFoundError:
-            tags[f"versions.{package}"] = "absent"
-    tags["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    tags["host"] = socket.gethostname()
-    return tags
+            info[package] = "absent"
+    info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    info["host"] = socket.gethostname()
+    return info
+
+
+def process() -> dict[str, Any]:
+    """This process as ``mark_stale_runs`` checks it: host, pid and start time."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": procs.started(os.getpid())}
 
 
 def latest_run(client: MlflowClient, experiment_id: str, ident: str, status: str):
@@ -67,9 +79,27 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+# Overrides already in a run's name, or that change where it goes rather than what it computes.
+_NAMED = ("data", "data.name", "data.treebank", "freeze", "freeze.name", "model", "model.name",
+          "seed")  # fmt: skip
+
+
 def run_name(cfg: DictConfig) -> str:
-    """``{data}-{freeze}-{model}-s{seed}``."""
-    return f"{cfg.data.name}-{cfg.freeze.name}-{cfg.model.name}-s{cfg.seed}"
+    """``{data}-{freeze}-{model}-s{seed}``, then the job's other command-line overrides that
+    change what it computes (``epochs=1``, ``smoke`` for ``experiment=smoke``), so runs of two
+    different configurations are told apart."""
+    name = f"{cfg.data.name}-{cfg.freeze.name}-{cfg.model.name}-s{cfg.seed}"
+    if not HydraConfig.initialized():
+        return name
+    identity_flag = config.flags("identity")
+    extra = []
+    for override in HydraConfig.get().overrides.task:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in _NAMED or not identity_flag.get(key, True) or key.startswith("hydra"):
+            continue
+        extra.append(value if "." not in key and key not in config.GROUPS else
+                     f"{key.rsplit('.', 1)[-1]}={value}")  # fmt: skip
+    return " ".join([name, *extra])[:250]
 
 
 def _git() -> dict[str, str]:
@@ -90,17 +120,12 @@ def _git() -> dict[str, str]:
     return {"git.commit": commit, "git.dirty": str(bool(git("status", "--porcelain")))}
 
 
-def _hydra_info() -> dict[str, str]:
-    if not HydraConfig.initialized():
+def _sweep_tags() -> dict[str, str]:
+    if not in_multirun():
         return {}
     hc = HydraConfig.get()
-    tags = {"hydra.output_dir": hc.runtime.output_dir}
     job_num = OmegaConf.select(hc, "job.num", default=None)
-    if in_multirun():
-        tags.update(
-            {"hydra.sweep_dir": str(Path(hc.sweep.dir).resolve()), "hydra.job_num": str(job_num)}
-        )
-    return tags
+    return {"hydra.sweep_dir": str(Path(hc.sweep.dir).resolve()), "hydra.job_num": str(job_num)}
 
 
 def in_multirun() -> bool:
@@ -111,13 +136,14 @@ def in_multirun() -> bool:
 
 
 class Run:
-    """The MLflow run of the current job."""
+    """The MLflow run of the current job: what training records through (``Recorder``)."""
 
     def __init__(self, run_id: str, cfg: DictConfig, client: MlflowClient, resumed=None):
         self.id = run_id
         self.cfg = cfg
         self.client = client
         self.resumed = resumed  # the KILLED run this job continues, or None
+        self._info: dict[str, Any] = {}
 
     def history(self, key: str) -> list[float]:
         """Values of a per-epoch metric logged so far, in epoch order: one per epoch, the latest
@@ -128,8 +154,11 @@ class Run:
         mlflow.log_artifacts(folder, path)
 
     def heartbeat(self) -> None:
-        """Record that this run's process is alive (see ``mark_stale_runs``)."""
-        mlflow.set_tag("ablate.heartbeat", f"{time.time():.0f}")
+        """Record that this run's process is alive (see ``mark_stale_runs``), and so its sweep."""
+        now = f"{time.time():.0f}"
+        mlflow.set_tag("ablate.heartbeat", now)
+        if (parent := sweep_parent()) is not None:
+            self.client.set_tag(parent, "ablate.heartbeat", now)
 
     def tags(self, tags: Mapping[str, Any]) -> None:
         mlflow.set_tags({k: str(v) for k, v in tags.items()})
@@ -144,6 +173,31 @@ class Run:
         # compact: mlflow.log_dict indents, which triples the size of per-word prediction files
         mlflow.log_text(json.dumps(obj, separators=(",", ":")), path)
 
+    def info(self, section: str, values: Mapping[str, Any]) -> None:
+        """Bookkeeping a reader may want but the run page need not show (environment, data
+        files, what each speed plugin applied): one section of the artifact ``run.json``."""
+        self._info[section] = {**self._info.get(section, {}), **values}
+        mlflow.log_text(json.dumps(self._info, indent=1, default=str), RUN_INFO)
+
+    def dataset(self, name: str, source: str, sha256: str, context: str) -> None:
+        """Log a dataset the run used (``mlflow.log_input``): its name, where it comes from (a
+        URL or a local path), its content's sha256 and its role (train, dev, test)."""
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.http_dataset_source import HTTPDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+
+        if source.startswith(("http://", "https://")):
+            origin = HTTPDatasetSource(source)
+        else:
+            with warnings.catch_warnings():  # a path matches MLflow's local and file sources alike
+                warnings.simplefilter("ignore", UserWarning)
+                origin = resolve_dataset_source(source)
+        # MLflow keeps digests of at most 36 characters: the first 32 hex digits (128 bits)
+        mlflow.log_input(MetaDataset(origin, name=name, digest=sha256[:32]), context=context)
+
+
+RUN_INFO = "run.json"
+
 
 def finished_twin(cfg: DictConfig):
     """The newest FINISHED run whose config is identical to ``cfg`` (see ``identity``), or None."""
@@ -154,7 +208,9 @@ def finished_twin(cfg: DictConfig):
 
 @contextmanager
 def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> Iterator[Run]:
-    """Open this job's MLflow run with params, tags and config artifacts.
+    """Open this job's MLflow run: the resolved config as params, a few tags, ``config.yaml``
+    and ``.hydra/`` as artifacts, system metrics while it runs; in a sweep, a child of the
+    sweep's run.
 
     The run ends FINISHED, or FAILED (with an ``error`` tag) if the body raises, or KILLED on
     Ctrl-C; the exception propagates so a sweep records the job as failed and goes on with the
@@ -168,27 +224,27 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
     client = MlflowClient(tracking_uri=uri)
     ident = identity(cfg, data_sha256)
     resumed = latest_run(client, experiment_id, ident, "KILLED") if cfg.trainer.resume else None
-    this_process = {"ablate.pid": str(os.getpid()), "ablate.heartbeat": f"{time.time():.0f}"}
-    if (started := procs.started(os.getpid())) is not None:
-        this_process["ablate.pid_started"] = started
+    this_process = {
+        "ablate.process": json.dumps(process()),
+        "ablate.heartbeat": f"{time.time():.0f}",
+    }
     if resumed is not None:
         # before it is RUNNING again: a job starting meanwhile must not take the dead process's
         # pid, still in its tags, for this run's and mark it KILLED
         for key, value in this_process.items():
             client.set_tag(resumed.info.run_id, key, value)
-        opened = mlflow.start_run(run_id=resumed.info.run_id)
+        opened = mlflow.start_run(run_id=resumed.info.run_id, log_system_metrics=True)
     else:
-        opened = mlflow.start_run(experiment_id=experiment_id, run_name=run_name(cfg))
+        opened = mlflow.start_run(
+            experiment_id=experiment_id, run_name=run_name(cfg), log_system_metrics=True,
+            parent_run_id=sweep_parent(),
+        )  # fmt: skip
     with opened as active:
         run = Run(active.info.run_id, cfg, client, resumed)
         try:
             if resumed is None:  # a reopened run keeps its params (re-logging one would raise)
                 resolved = OmegaConf.to_container(cfg, resolve=True)
-                params = flatten(resolved)
-                params.update(
-                    data=cfg.data.name, freeze=cfg.freeze.name, model=cfg.model.name, seed=cfg.seed
-                )
-                mlflow.log_params(params)
+                mlflow.log_params(flatten(resolved))
                 run.text(OmegaConf.to_yaml(resolved), "config.yaml")
                 if HydraConfig.initialized():
                     hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
@@ -196,10 +252,12 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
                         mlflow.log_artifacts(str(hydra_dir), ".hydra")
             else:
                 run.tags({"ablate.resumed": "true"})
-            run.tags({**_git(), **_hydra_info(), **environment()})
+            env = environment()
+            run.tags({**_git(), "device": env["device"], **_sweep_tags()})
             run.tags({"ablate.identity": ident, **this_process})
             run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr search's study)
-            run.heartbeat()
+            output = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
+            run.info("environment", {**env, "output_dir": output})
             yield run
         except KeyboardInterrupt:
             mlflow.set_tag("error", "KeyboardInterrupt")

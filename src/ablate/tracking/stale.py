@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -21,10 +22,11 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str, stale_after_s: flo
     host, now, killed = socket.gethostname(), time.time(), []
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'"):
         tags = run.data.tags
-        pid = int(tags.get("ablate.pid", "0") or 0)
+        recorded = _process(tags)
+        pid = int(recorded.get("pid") or 0)
         beat = float(tags.get("ablate.heartbeat", run.info.start_time / 1000))
-        started = tags.get("ablate.pid_started")
-        here = tags.get("host") == host and pid
+        started = recorded.get("started")
+        here = recorded.get("host") == host and pid
         if here and not procs.same(pid, started):
             reason = f"process {pid} on {host} is gone"
         elif here and started is not None:
@@ -37,3 +39,11 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str, stale_after_s: flo
         client.set_terminated(run.info.run_id, status="KILLED")
         killed.append(run.info.run_id)
     return killed
+
+
+def _process(tags: dict[str, str]) -> dict:
+    """The process a run recorded (``ablate.process``; runs of earlier versions: three tags)."""
+    if "ablate.process" in tags:
+        return json.loads(tags["ablate.process"])
+    return {"host": tags.get("host"), "pid": tags.get("ablate.pid"),
+            "started": tags.get("ablate.pid_started")}  # fmt: skip

@@ -5,14 +5,9 @@ silently, BRIEF.md §5), and RUNNING runs whose process died marked KILLED."""
 from __future__ import annotations
 
 import os
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
-
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
 
 from ablate.errors import AblateError
 
@@ -59,8 +54,8 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
 
     With ``stale_after_min``, RUNNING runs whose process died are marked KILLED first.
 
-    Called once before the jobs of a sweep start (``PrepareStore``): parallel jobs racing to create
-    tables or the experiment corrupt runs silently (BRIEF.md §5).
+    Called once before the jobs of a sweep start (``ablate.sweep.Sweep``): parallel jobs racing to
+    create tables or the experiment corrupt runs silently (BRIEF.md §5).
     """
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -87,22 +82,3 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
     if stale_after_min is not None:
         mark_stale_runs(client, exp.experiment_id, stale_after_min * 60)
     return exp.experiment_id
-
-
-class PrepareStore(Callback):
-    """Hydra callback: prepare the store once, before any job of a run or sweep starts."""
-
-    def _prepare(self, config: DictConfig) -> None:
-        try:
-            prepare(
-                config.tracking.uri, config.tracking.experiment, config.tracking.stale_after_min
-            )
-        except AblateError as exc:
-            print(f"ablate: error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None  # before any job: one line, no traceback
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._prepare(config)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._prepare(config)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Sequence
 
 from transformers import TrainerCallback
 
 from ablate.training.recorder import Recorder
+from ablate.training.resources import usable_cpus
+
+log = logging.getLogger("ablate")
 
 
 def epoch_of(state) -> int:
@@ -16,7 +21,11 @@ def epoch_of(state) -> int:
 
 
 class EpochLogger(TrainerCallback):
-    """Logs per-epoch metrics with step = epoch (1..N), and beats the run's heartbeat.
+    """Records per-epoch metrics with step = epoch (1..N), writes one line per epoch to the job
+    log (epoch, dev metric, train loss, time), and beats the run's heartbeat.
+
+    ``load_per_cpu`` (the machine's 1-minute load average per usable CPU, at each epoch's end)
+    tells the report whether a run's times were measured beside other work.
 
     The Trainer's own MLflow integration steps metrics by optimiser step and logs every
     TrainingArguments field as a param, which would clash with ours; this keeps one scheme.
@@ -30,6 +39,8 @@ class EpochLogger(TrainerCallback):
         self.also = tuple(also)  # other dev metrics logged per epoch
         self._t0 = 0.0
         self._beat = time.monotonic()
+        self._seconds = 0.0
+        self._loss: float | None = None
 
     def on_step_end(self, args, state, control, **kwargs):
         if time.monotonic() - self._beat > self.HEARTBEAT_S:
@@ -40,19 +51,30 @@ class EpochLogger(TrainerCallback):
         self._t0 = time.perf_counter()
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        self.record.metrics({"epoch_time_s": time.perf_counter() - self._t0}, step=epoch_of(state))
+        self._seconds = time.perf_counter() - self._t0
+        load = os.getloadavg()[0] / usable_cpus() if hasattr(os, "getloadavg") else None
+        epoch = {"epoch_time_s": self._seconds}
+        if load is not None:
+            epoch["load_per_cpu"] = load
+        self.record.metrics(epoch, step=epoch_of(state))
         self.record.heartbeat()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
+            self._loss = logs["loss"]
             self.record.metrics({"train_loss": logs["loss"]}, step=epoch_of(state))
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        logged = {f"dev_{self.primary}": metrics[f"eval_{self.primary}"]}
+        value = metrics[f"eval_{self.primary}"]
+        logged = {f"dev_{self.primary}": value}
         logged.update(
             {f"dev_{k}": metrics[f"eval_{k}"] for k in self.also if f"eval_{k}" in metrics}
         )
         self.record.metrics(logged, step=epoch_of(state))
+        loss = "" if self._loss is None else f", train loss {self._loss:.4f}"
+        epochs = round(args.num_train_epochs)
+        log.info("epoch %d/%d: dev %s %.4f%s, %.1f s training", epoch_of(state), epochs,
+                 self.primary, value, loss, self._seconds)  # fmt: skip
 
 
 def dev_history(state, primary: str) -> list[float]:

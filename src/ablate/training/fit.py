@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import tempfile
+from collections.abc import Iterator
 
 import numpy as np
-from omegaconf import DictConfig
-from transformers import EarlyStoppingCallback
+from omegaconf import DictConfig, OmegaConf
+from transformers import EarlyStoppingCallback, PrinterCallback
 
 from ablate.speed import plugins
 from ablate.speed.plugin import Context
@@ -28,14 +31,14 @@ log = logging.getLogger(__name__)
 def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
     """Train on train, evaluate dev every epoch and test (and ``data.extra_test``) at the end;
     record everything. ``trainer.early_stopping_patience`` may end training early."""
-    counts = record_inputs(prep, record)
-    with checkpoints.folder() as output_dir:
+    counts = record_inputs(cfg, prep, record)
+    with checkpoints.folder() as output_dir, quiet_libraries():
         trainer, status = build_trainer(
             cfg, prep.task, prep.applied, prep.encoded.features, prep.tokenizer, record,
             prep.device, output_dir,
         )  # fmt: skip
         record.tags({checkpoints.FOLDER_TAG: output_dir})
-        record.tags({f"speed.{name}": value for name, value in status.items()})
+        record.info("speed", status)
         out = trainer.train(resume_from_checkpoint=checkpoints.resume_from(record.resumed))
     for folder, write in prep.applied.artifacts.items():  # e.g. the LoRA adapter alone
         with tempfile.TemporaryDirectory() as tmp:
@@ -49,8 +52,10 @@ def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
         f"best_dev_{primary}": max(history),
         "best_epoch": history.index(max(history)) + 1,
         "stopped_epoch": round(trainer.state.epoch or 0),  # the last epoch trained
+        "tokenize_time_s": prep.encoded.seconds,
     }
-    results.update(final_evaluations(trainer, prep, record))
+    with quiet_libraries():
+        results.update(final_evaluations(trainer, prep, record))
     results["peak_rss_mb"] = peak_rss_mb()
     # Metrics already logged are not logged again (a second point, at step 0): the per-epoch dev
     # metrics (the final model's are the last epoch's, or with early stopping the best epoch's:
@@ -61,17 +66,52 @@ def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
     return results
 
 
-def record_inputs(prep: Prepared, record: Recorder) -> dict[str, int]:
-    """Record what the run trains on: data files, counts, the strategy's parameter counts."""
-    record.tags({"torch.threads": prep.threads})
-    record.tags({f"data.sha256.{s}": h for s, h in prep.files.sha256.items()})
-    record.tags({f"data.file.{s}": p for s, p in prep.files.paths.items()})
-    if prep.held_out:
-        record.tags({"data.test": prep.held_out})
-    record.tags({"data.cache": prep.encoded.cache})
-    record.metrics({"tokenize_time_s": prep.encoded.seconds})
-    stats = prep.encoded.stats
-    record.metrics({f"{s}_{k}": v for s, counts in stats.items() for k, v in counts.items()})
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Training's job log without the libraries' repeats: accelerate's note on every evaluation,
+    a bar per checkpoint shard (bars stay for people at a terminal)."""
+    from transformers.utils import logging as hf_logging
+
+    accelerate = logging.getLogger("accelerate")
+    level, bars = accelerate.level, hf_logging.is_progress_bar_enabled()
+    accelerate.setLevel(logging.WARNING)
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        accelerate.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def record_inputs(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, int]:
+    """Record what the run trains on: the datasets, their counts, the trainable parameters."""
+    splits = OmegaConf.select(cfg, "data.splits") or {}
+    sources = {}
+    for split, path in prep.files.paths.items():
+        pinned = splits.get(split)
+        source = pinned.url if pinned is not None and pinned.url else str(path)
+        sources[split] = (source, prep.files.sha256[split])
+    if prep.held_out:  # the test set is part of train's file
+        sources["test"] = sources["train"]
+    for split, (source, sha) in sources.items():
+        record.dataset(f"{cfg.data.name}/{split}", source, sha, context=split)
+    record.info(
+        "data",
+        {
+            "version": cfg.data.version,
+            "files": {
+                s: {"path": str(p), "sha256": prep.files.sha256[s]}
+                for s, p in prep.files.paths.items()
+            },  # fmt: skip
+            "test": prep.held_out or "the release's test split",
+            "tokenized_cache": prep.encoded.cache,
+        },
+    )
+    record.info("environment", {"torch_threads": prep.threads})
+    stats = prep.encoded.stats  # only what happened: a zero count is no news
+    record.metrics({f"{s}_{k}": v for s, c in stats.items() for k, v in c.items() if v})
     counts = {f"{s}_sentences": len(sents) for s, sents in prep.sentences.items()}
     record.metrics(counts)
     a = prep.applied
@@ -122,6 +162,8 @@ def build_trainer(
         trainer.optimizer = build_optimizer(trainer, applied.param_groups)
     if cfg.trainer.early_stopping_patience is not None:
         trainer.add_callback(EarlyStoppingCallback(cfg.trainer.early_stopping_patience))
+    # Without a terminal the Trainer prints each log dict (3 a epoch); EpochLogger logs one line.
+    trainer.remove_callback(PrinterCallback)
     return trainer, status
 
 

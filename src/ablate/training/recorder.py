@@ -23,3 +23,9 @@ class Recorder(Protocol):
     def artifacts(self, folder: str, path: str) -> None: ...
 
     def heartbeat(self) -> None: ...
+
+    def info(self, section: str, values: Mapping[str, Any]) -> None:
+        """Bookkeeping kept out of the run page's tags (an artifact)."""
+
+    def dataset(self, name: str, source: str, sha256: str, context: str) -> None:
+        """A dataset the run used: name, where it comes from, content sha256, train/dev/test."""
