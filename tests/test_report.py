@@ -309,3 +309,70 @@ def test_notebook_runs_headless_on_the_same_module(grid, monkeypatch, tmp_path):
     assert "UD_Naija-Slice-first2-tiny-s1" in shown
     assert Path(outputs[-1].text.strip()) == Path(sys.executable)
     assert list(pd.read_csv(out / "summary.csv").strategy) == ["none", "all"]
+
+
+def _overlaps(fig) -> list[tuple[str, str]]:
+    """Pairs of visible texts (tick labels, annotations, titles, legends) that overlap.
+
+    Texts whose boxes overlap clash, except slanted tick labels: parallel strips, which overlap
+    only when the distance between their baselines (their anchors' horizontal distance x sin of
+    the angle) is under a line's height.
+    """
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    items = []
+    for ax in fig.axes:
+        texts = [*ax.get_xticklabels(), *ax.texts, ax.title, ax.xaxis.label]
+        items += [(t, t.get_window_extent(renderer)) for t in texts if t.get_text()]
+        if ax.get_legend() is not None:
+            items.append((ax.get_legend(), ax.get_legend().get_window_extent(renderer)))
+    found = []
+    for i, (a, box_a) in enumerate(items):
+        for b, box_b in items[i + 1 :]:
+            if not (box_a.overlaps(box_b) and box_a.width > 0 and box_b.width > 0):
+                continue
+            slanted = [getattr(t, "get_rotation", lambda: 0)() for t in (a, b)]
+            clash = True
+            if slanted[0] and slanted[0] == slanted[1]:
+                height = a.get_fontsize() * fig.dpi / 72
+                xa, xb = (renderer.points_to_pixels(0) + t.get_window_extent(renderer).x1
+                          for t in (a, b))  # fmt: skip
+                clash = abs(xa - xb) * math.sin(math.radians(slanted[0])) < height
+            if clash:
+                found.append((getattr(a, "get_text", lambda: "legend")(),
+                              getattr(b, "get_text", lambda: "legend")()))  # fmt: skip
+    return found
+
+
+def test_charts_of_a_one_epoch_one_seed_grid_of_every_strategy_are_readable(grid):
+    import matplotlib.pyplot as plt
+
+    runs = report.load_runs("ablate", grid.store, status="FINISHED")
+    base = runs.runs[(runs.runs.seed == 1)].reset_index(drop=True)
+    frames, params = [], dict(runs.params)
+    for i, strategy in enumerate(report.STRATEGY_ORDER):  # every strategy ablate knows
+        row = base.iloc[[i % len(base)]].copy()
+        row["freeze"], row["run_id"] = strategy, f"{strategy}-1"
+        row["train_time_s"] = row.train_time_s * (1 - i / 20)  # a saving to label on each bar
+        params[f"{strategy}-1"] = params[base.run_id.iloc[i % len(base)]]
+        frames.append(row)
+    one = pd.concat(frames, ignore_index=True)
+    history = runs.history[runs.history.epoch == 1].copy()  # a 1-epoch grid
+    history = pd.concat(
+        [
+            history[history.run_id == base.run_id.iloc[i % len(base)]].assign(
+                run_id=f"{strategy}-1", freeze=strategy
+            )
+            for i, strategy in enumerate(report.STRATEGY_ORDER)
+        ],
+        ignore_index=True,
+    )
+    rep = report.build(report.Runs(one, history, params, runs.source), predictions=False)
+    assert len(rep.summary) == len(report.STRATEGY_ORDER) and (rep.summary.n == 1).all()
+    for name in report.CHARTS:
+        fig = getattr(charts, name)(rep)
+        assert _overlaps(fig) == [], name
+        if name == "convergence":  # one epoch: the axis says so, with no fractional epochs
+            ticks = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+            assert ticks == ["1"]
+        plt.close(fig)

@@ -159,7 +159,10 @@ def convergence(report: Report):
                     lw=2.6 if base else 1.6, ls="--" if base else "-", zorder=3 if base else 2,
                 )  # fmt: skip
             epochs = int(h.epoch.max()) if len(h) else 1
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+            if epochs <= 12:
+                ax.set_xticks(range(1, epochs + 1))
+            else:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlim(0.5 if epochs == 1 else 0.8, epochs + (0.5 if epochs == 1 else 0.2))
             ax.set(title=panel, xlabel="epoch", ylabel=_label(metric))
             # beside the plot: a dozen strategies would cover their own curves
