@@ -17,6 +17,7 @@ from conftest import (
     fit_here,
     logged_runs,
     run_cli,
+    run_info,
     slice_overrides,
     write_treebank,
 )
@@ -363,10 +364,14 @@ def test_sst2_run_with_minilm_through_the_cli(task_root, store, tmp_path):
     assert "FINISHED: dev accuracy" in proc.stderr + proc.stdout
     (run,) = logged_runs(store)
     m = run.data.metrics
-    assert run.info.status == "FINISHED" and run.info.run_name == "sst2-all-minilm-s42"
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "sst2-all-minilm-s42 embeddings=true epochs=1"
     assert m["train_sentences"] == 270 and m["test_sentences"] == 30 and m["dev_sentences"] == 80
     assert len(history(store, run, "test_sentences")) == 1  # counted once
-    assert run.data.tags["data.test"] == "held out from train: 30 of train.tsv, data.split_seed=42"
+    data = run_info(store, run.info.run_id)["data"]
+    assert data["test"] == "held out from train: 30 of train.tsv, data.split_seed=42"
+    inputs = {d.tags[0].value: d.dataset for d in run.inputs.dataset_inputs}
+    assert inputs["test"].digest == inputs["train"].digest  # the test set is part of train.tsv
     for key in ("test_accuracy", "test_f1", "best_dev_accuracy", "dev_accuracy", "dev_f1"):
         assert 0.0 <= m[key] <= 1.0
     assert [s for s, _ in history(store, run, "dev_f1")] == [1]

@@ -79,9 +79,12 @@ def all_studies(template: Study) -> list[Study]:
     for r in _runs(template, "tags.study != ''"):
         name = r.data.tags.get("study")
         metric = primary_metric(r.data.metrics, default="")
+        if r.data.tags.get("ablate.role") == "sweep":  # the study's parent run: no trial
+            continue
         if name and (name not in found or metric):
+            freeze = r.data.params.get("freeze.name", r.data.params.get("freeze", "?"))
             found[name] = Study(
-                r.data.params.get("freeze", "?"), name, template.uri, template.experiment,
+                freeze, name, template.uri, template.experiment,
                 f"best_dev_{metric or 'accuracy'}",
             )  # fmt: skip
     return [found[n] for n in sorted(found)]

@@ -18,6 +18,7 @@ from typing import Any
 
 import mlflow
 from hydra.core.hydra_config import HydraConfig
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
@@ -95,7 +96,11 @@ def run_name(cfg: DictConfig) -> str:
     extra = []
     for override in HydraConfig.get().overrides.task:
         key, _, value = override.lstrip("+~").partition("=")
-        if key in _NAMED or not identity_flag.get(key, True) or key.startswith("hydra"):
+        if (
+            key in _NAMED
+            or not identity_flag.get(key, True)
+            or key.startswith(("hydra", "data.splits."))  # pins of the files, not what runs
+        ):
             continue
         extra.append(value if "." not in key and key not in config.GROUPS else
                      f"{key.rsplit('.', 1)[-1]}={value}")  # fmt: skip
@@ -193,7 +198,17 @@ class Run:
                 warnings.simplefilter("ignore", UserWarning)
                 origin = resolve_dataset_source(source)
         # MLflow keeps digests of at most 36 characters: the first 32 hex digits (128 bits)
-        mlflow.log_input(MetaDataset(origin, name=name, digest=sha256[:32]), context=context)
+        dataset = MetaDataset(origin, name=name, digest=sha256[:32])
+        for attempt in range(5):
+            try:
+                mlflow.log_input(dataset, context=context)
+                return
+            except MlflowException as exc:
+                # Parallel jobs logging the same dataset race to create its row; the loser finds
+                # it there when it tries again.
+                if "UNIQUE" not in str(exc).upper() or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
 
 RUN_INFO = "run.json"
