@@ -4,6 +4,7 @@ the real files, seqeval wiring by hand, the SST-2 hold-out, and real short runs 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -153,7 +154,10 @@ def test_conll_malformed_lines_name_file_and_line(tmp_path):
     with pytest.raises(AblateError, match=r"bad.txt:4: 3 columns"):
         ner.read_conll2003(bad)
     bad.write_text("EU NNP I-NP ORG\n")
-    with pytest.raises(AblateError, match=r"bad.txt:1: NER tag 'ORG'"):
+    with pytest.raises(AblateError, match=r"bad.txt:1: NER tag 'ORG' is not IOB1"):
+        ner.read_conll2003(bad)
+    bad.write_text("EU NNP I-NP B-ORG\nrejects VBZ I-VP E-ORG\n")  # IOBES, not IOB1
+    with pytest.raises(AblateError, match=r"bad.txt:2: NER tag 'E-ORG' is not IOB1"):
         ner.read_conll2003(bad)
     bad.write_text("EU NNP I-NP I-ORG\nfoo NN I-NP I-FOO\n")  # the file's tag, not its IOB2 form
     with pytest.raises(AblateError, match=r"bad.txt:2: NER tag 'I-FOO': entity type 'FOO' is not"):
@@ -161,6 +165,46 @@ def test_conll_malformed_lines_name_file_and_line(tmp_path):
     bad.write_text("-DOCSTART- -X- O O\n\n")
     with pytest.raises(AblateError, match="no sentences"):
         ner.read_conll2003(bad)
+
+
+def test_bad_ner_and_sst2_files_are_one_named_error_each_and_leave_no_run(task_root, tmp_path):
+    """Each bad file of a real layout: a job's one error line names file:line (or the folder),
+    and the store holds no run for it."""
+    cases = {  # data root -> (dataset, file, content, what the error says)
+        "columns": ("conll2003", "train.txt", "EU NNP I-ORG\n", "train.txt:1: 3 columns"),
+        "tag": ("conll2003", "valid.txt", "EU NNP I-NP S-ORG\n", "valid.txt:1: NER tag 'S-ORG'"),
+        "type": ("conll2003", "test.txt", "EU NNP I-NP I-GPE\n", "entity type 'GPE'"),
+        "empty": ("conll2003", "test.txt", "-DOCSTART- -X- O O\n\n", "test.txt: no sentences"),
+        "fields": ("sst2", "dev.tsv", "sentence\tlabel\ngood\t1\t0\n", "dev.tsv:2: 3"),
+        "label": ("sst2", "train.tsv", "sentence\tlabel\nfine\t2\n", "label '2' is not 0 or 1"),
+        "missing": ("sst2", "dev.tsv", None, "dev.tsv not in"),
+    }
+    for name, (dataset, file, content, _) in cases.items():
+        folder = tmp_path / name / dataset
+        shutil.copytree(task_root / dataset, folder)
+        if content is None:
+            (folder / file).unlink()
+        else:
+            (folder / file).write_text(content)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logs = ""
+    for dataset in ("conll2003", "sst2"):
+        roots = ",".join(str(tmp_path / n) for n, c in cases.items() if c[0] == dataset)
+        splits = ("train", "dev", "test") if dataset == "conll2003" else ("train", "dev")
+        unpin = [f"data.splits.{s}.sha256=null" for s in splits]
+        unpin += ["data.splits.dev.url=null"] if dataset == "sst2" else []  # no download try
+        proc = run_cli(
+            "--multirun", f"data={dataset}", f"data.root={roots}", *unpin, "model=tiny",
+            f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / dataset}",
+        )  # fmt: skip
+        assert proc.returncode != 0
+        logs += proc.stdout
+    errors = [line for line in logs.splitlines() if "][ERROR] - " in line]
+    assert len(errors) == len(cases)
+    for name, (_, _, _, message) in cases.items():
+        (line,) = [e for e in errors if f"/{name}/" in e]
+        assert message in line, (name, line)
+    assert logged_runs(store) == []  # nothing tracked for any of them
 
 
 def test_sst2_counts_and_labels():

@@ -47,8 +47,10 @@ def read_conll2003(path: Path, lowercase: bool = False) -> list[Sentence]:
 
     ``-DOCSTART-`` lines (document separators, alone in their block) are dropped, so the
     sentence counts are the published ones (train 14041, testa 3250, testb 3453). A line without
-    4 columns, with a tag that is neither ``O`` nor ``B-``/``I-``, or with an entity type other
-    than PER, ORG, LOC, MISC is an error naming ``file:line``; an empty file is an error.
+    4 columns, a tag outside IOB1 (neither ``O`` nor ``B-``/``I-`` and a type: IOBES's ``E-``,
+    ``S-`` say) or an entity type other than PER, ORG, LOC, MISC is an error naming
+    ``file:line``; an empty file is an error. A ``B-X`` that follows no entity of type X (the
+    release's train.txt has two) starts an entity, as IOB2 reads it.
     """
     sentences = []
     for numbers, lines in sentence_blocks(path):
@@ -64,7 +66,7 @@ def read_conll2003(path: Path, lowercase: bool = False) -> list[Sentence]:
                 )
             if not _TAG.match(columns[3]):
                 raise AblateError(
-                    f"{path}:{number}: NER tag {columns[3]!r} is neither O nor B-<type>/I-<type>"
+                    f"{path}:{number}: NER tag {columns[3]!r} is not IOB1 (O, B-<type>, I-<type>)"
                 )
             if columns[3] != "O" and columns[3][2:] not in ENTITY_TYPES:  # before IOB1 -> IOB2
                 raise AblateError(

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -57,14 +59,22 @@ def process() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "started": procs.started(os.getpid())}
 
 
-def latest_run(client: MlflowClient, experiment_id: str, ident: str, status: str):
-    """The newest run of this experiment with identity ``ident`` and ``status``, or None."""
+def latest_run(
+    client: MlflowClient, experiment_id: str, ident: str, status: str, folder: str | None = None
+):
+    """The newest run of this experiment with identity ``ident`` and ``status`` (with
+    ``folder``: whose checkpoints were kept in that job folder), or None."""
     runs = client.search_runs(
         [experiment_id],
         filter_string=f"tags.`ablate.identity` = '{ident}' and attributes.status = '{status}'",
         order_by=["attributes.start_time DESC"],
-        max_results=1,
     )
+    if folder is not None:
+        inside = str(Path(folder).resolve())
+        runs = [
+            r for r in runs
+            if r.data.tags.get("ablate.checkpoint_dir", "").startswith(inside + os.sep)
+        ]  # fmt: skip
     return runs[0] if runs else None
 
 
@@ -212,6 +222,48 @@ class Run:
 
 
 RUN_INFO = "run.json"
+# What schedulers send to stop a job: SLURM (scancel, time limit, preemption: TERM, or USR1/USR2
+# as `--signal` asks), Kubernetes, systemd and docker (TERM). Ctrl-C stays a KeyboardInterrupt.
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
+)
+
+
+class Interrupted(BaseException):
+    """A stop signal, raised where the job was so that the run ends KILLED with its last epoch
+    checkpoint (a BaseException, as KeyboardInterrupt: nothing may swallow it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _stop_signals() -> Iterator[dict[int, Any]]:
+    """Raise ``Interrupted`` on a stop signal while the run is open; yields the handlers that
+    were installed before (submitit's requeue, say), to call once the run is closed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield {}
+        return
+
+    def interrupt(signum, frame):
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    try:
+        yield previous
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _after_stop(signum: int, previous: dict[int, Any]) -> None:
+    """The run is closed KILLED: hand the signal to what was there before (submitit checkpoints
+    and requeues the job), else end the process as the signal would have."""
+    handler = previous.get(signum)
+    if callable(handler):
+        handler(signum, None)
+    raise SystemExit(128 + signum)
 
 
 def finished_twin(cfg: DictConfig):
@@ -238,7 +290,10 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri)
     ident = identity(cfg, data_sha256)
-    resumed = latest_run(client, experiment_id, ident, "KILLED") if cfg.trainer.resume else None
+    folder = requeued_from()
+    resumed = latest_run(client, experiment_id, ident, "KILLED", folder) if folder else None
+    if not resumed and cfg.trainer.resume:
+        resumed = latest_run(client, experiment_id, ident, "KILLED")
     this_process = {
         "ablate.process": json.dumps(process()),
         "ablate.heartbeat": f"{time.time():.0f}",
@@ -254,7 +309,7 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
             experiment_id=experiment_id, run_name=run_name(cfg), log_system_metrics=True,
             parent_run_id=sweep_parent(),
         )  # fmt: skip
-    with opened as active:
+    with opened as active, _stop_signals() as previous:
         run = Run(active.info.run_id, cfg, client, resumed)
         try:
             if resumed is None:  # a reopened run keeps its params (re-logging one would raise)
@@ -274,10 +329,21 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
             output = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
             run.info("environment", {**env, "output_dir": output})
             yield run
-        except KeyboardInterrupt:
-            mlflow.set_tag("error", "KeyboardInterrupt")
-            mlflow.end_run("KILLED")  # interrupted, not broken: resumable like a preempted run
-            raise
+        except (KeyboardInterrupt, Interrupted) as exc:
+            # interrupted, not broken: resumable from its last epoch checkpoint
+            mlflow.set_tag("error", type(exc).__name__ if isinstance(exc, KeyboardInterrupt)
+                           else f"stopped by {exc}")  # fmt: skip
+            mlflow.end_run("KILLED")
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            _after_stop(exc.signum, previous)
         except BaseException as exc:
             mlflow.set_tag("error", f"{type(exc).__name__}: {exc}"[:5000])
             raise
+
+
+def requeued_from() -> str | None:
+    """This job's folder: a job that finds there the checkpoint of a KILLED run of its own
+    config continues that run (a preempted or timed-out SLURM job requeued by submitit runs
+    again in the same folder); None outside Hydra."""
+    return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None

@@ -1,0 +1,115 @@
+"""Stop signals as schedulers send them (SIGTERM, SIGUSR1/2): the run ends KILLED within seconds
+with its last epoch checkpoint, resumes to the numbers of an uninterrupted run, and a job that
+submitit requeues continues the same MLflow run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import NAIJA, ROOT, conllu_blocks, logged_runs, run_cli, write_treebank
+from mlflow.tracking import MlflowClient
+
+from ablate.training import checkpoints
+
+
+@pytest.fixture(scope="module")
+def long_root(tmp_path_factory) -> Path:
+    """Enough training sentences that an epoch lasts past a poll; few dev/test ones."""
+    root = tmp_path_factory.mktemp("signals")
+    blocks = {s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu") for s in ("train", "dev", "test")}
+    write_treebank(
+        root / "ud" / "UD_Naija-Long", "pcm_long",
+        {"train": blocks["train"][:1500], "dev": blocks["dev"][:40], "test": blocks["test"][:40]},
+    )  # fmt: skip
+    return root
+
+
+def recipe(root: Path, store: str) -> list[str]:
+    return [
+        "data=ud", "data.treebank=UD_Naija-Long", f"data.root={root}", "model=tiny",
+        "trainer.epochs=3", "trainer.lr=1e-3", f"tracking.uri={store}",
+    ]  # fmt: skip
+
+
+def wait_for(condition, proc, what: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {seconds} s"
+        assert proc.poll() is None, f"the job ended before {what}"
+        time.sleep(0.05)
+
+
+def history(store: str, run_id: str, key: str) -> list[float]:
+    points = MlflowClient(store).get_metric_history(run_id, key)
+    latest = {}
+    for m in sorted(points, key=lambda m: (m.step, m.timestamp)):
+        latest[m.step] = m.value
+    return [latest[step] for step in sorted(latest)]
+
+
+def test_sigterm_ends_the_run_killed_and_it_resumes_to_the_uninterrupted_numbers(
+    long_root, tmp_path
+):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "first"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablate.train", *recipe(long_root, store), f"hydra.run.dir={out}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_for(lambda: list((out / "trainer").glob("checkpoint-*/trainer_state.json")), proc,
+             "checkpoint")  # fmt: skip
+    proc.send_signal(signal.SIGTERM)  # mid-epoch 2: epoch 1 is checkpointed
+    t0 = time.monotonic()
+    proc.wait(timeout=30)
+    assert time.monotonic() - t0 < 10 and proc.returncode == 128 + signal.SIGTERM
+    (run,) = logged_runs(store)
+    assert run.info.status == "KILLED" and run.data.tags["error"] == "stopped by SIGTERM"
+    assert run.info.end_time is not None
+    kept = checkpoints.last_complete(str(out / "trainer"))
+    assert kept is not None and run.data.tags["ablate.checkpoint_dir"] == str(out / "trainer")
+
+    resumed = run_cli(*recipe(long_root, store), "trainer.resume=true",
+                      f"hydra.run.dir={tmp_path / 'second'}")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (run,) = logged_runs(store)  # the same MLflow run, continued
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.resumed"] == "true"
+    assert not list((out / "trainer").glob("checkpoint-*"))  # cleaned once finished
+
+    whole = f"sqlite:///{tmp_path / 'whole.db'}"  # the same run, never interrupted
+    uninterrupted = run_cli(*recipe(long_root, whole), f"hydra.run.dir={tmp_path / 'whole'}")
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    (reference,) = logged_runs(whole)
+    for key in ("dev_accuracy", "train_loss"):
+        assert history(store, run.info.run_id, key) == history(whole, reference.info.run_id, key)
+    assert run.data.metrics["test_accuracy"] == reference.data.metrics["test_accuracy"]
+
+
+def test_a_job_submitit_requeues_continues_the_same_run(long_root, tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablate.train", "--multirun", "hydra/launcher=submitit_local",
+         *recipe(long_root, store), f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_for(lambda: list(sweep.glob("0/trainer/checkpoint-*/trainer_state.json")), proc,
+             "checkpoint")  # fmt: skip
+    (run,) = logged_runs(store)
+    job = json.loads(run.data.tags["ablate.process"])["pid"]  # submitit's job process
+    os.kill(job, signal.SIGUSR2)  # what SLURM sends before a time limit or a preemption
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    (again,) = logged_runs(store)
+    assert again.info.run_id == run.info.run_id  # the requeued job continued it
+    assert again.info.status == "FINISHED" and again.data.tags["ablate.resumed"] == "true"
+    assert len(history(store, run.info.run_id, "dev_accuracy")) == 3
+    assert json.loads(again.data.tags["ablate.process"])["pid"] != job
