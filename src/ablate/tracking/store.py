@@ -4,9 +4,11 @@ silently, BRIEF.md §5), and RUNNING runs whose process died marked KILLED."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from ablate.errors import AblateError
@@ -49,6 +51,23 @@ def artifact_root(uri: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _exclusive(uri: str) -> Iterator[None]:
+    """Hold ``<db>.lock`` while a sqlite store's schema and experiment are created.
+
+    Sweeps started at the same moment each create the schema of a fresh file ("table datasets
+    already exists"): sqlite serialises writes, not MLflow's migrations. A server store migrates
+    once at its own start, so needs nothing.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300):
+        yield
+
+
 def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> str:
     """Create the store's schema and the experiment if missing; return the experiment id.
 
@@ -63,14 +82,17 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
     from ablate.tracking.stale import mark_stale_runs
 
     check_reachable(uri)
-    client = MlflowClient(tracking_uri=uri)
     try:
-        exp = client.get_experiment_by_name(experiment)
-        if exp is None:
-            try:
-                return client.create_experiment(experiment, artifact_location=artifact_root(uri))
-            except MlflowException:  # another process created it first
-                exp = client.get_experiment_by_name(experiment)
+        with _exclusive(uri):
+            client = MlflowClient(tracking_uri=uri)  # a sqlite store migrates here
+            exp = client.get_experiment_by_name(experiment)
+            if exp is None:
+                try:
+                    return client.create_experiment(
+                        experiment, artifact_location=artifact_root(uri)
+                    )
+                except MlflowException:  # another process (or server client) created it first
+                    exp = client.get_experiment_by_name(experiment)
     except MlflowException as exc:
         raise AblateError(f"tracking.uri={uri}: the MLflow store is not usable: {exc}") from exc
     if exp.lifecycle_stage == "deleted":
