@@ -199,6 +199,12 @@ class TrackingConfig:
     stale_after_min: float = key(
         30.0, "a RUNNING run without a heartbeat this long is marked KILLED", identity=False
     )
+    outage_min: float = key(
+        10.0,
+        "how long the end of a run waits for a tracking server that went away before it fails; "
+        "its record stays in the job folder for `python -m ablate.tracking.replay`",
+        identity=False,
+    )
     tags: dict[str, str] = key({}, "extra tags on every run", identity=False)
 
 

@@ -4,36 +4,42 @@ KILLED; ``Run`` is what training records through (``ablate.training.recorder.Rec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import mlflow
 from hydra.core.hydra_config import HydraConfig
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import config
 from ablate.config import project_root
+from ablate.errors import AblateError
 from ablate.tracking import procs
-from ablate.tracking.history import latest_per_step
 from ablate.tracking.identity import identity
+from ablate.tracking.journal import FOLDER as JOURNAL
+from ablate.tracking.journal import Journal
 from ablate.tracking.parent import sweep_parent
+from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
 
+log = logging.getLogger("ablate")
 # MLflow's system-metrics monitor announces every start and stop; its warnings still show.
 logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+# MLflow's HTTP retries warn once a try while a server is away; the journal says it in one line.
+logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
 def environment() -> dict[str, str]:
@@ -103,7 +109,7 @@ def run_name(cfg: DictConfig) -> str:
     if not HydraConfig.initialized():
         return name
     identity_flag = config.flags("identity")
-    extra = []
+    extra: dict[str, str] = {}  # by key: an override given twice counts once, the last
     for override in HydraConfig.get().overrides.task:
         key, _, value = override.lstrip("+~").partition("=")
         if (
@@ -112,9 +118,9 @@ def run_name(cfg: DictConfig) -> str:
             or key.startswith(("hydra", "data.splits."))  # pins of the files, not what runs
         ):
             continue
-        extra.append(value if "." not in key and key not in config.GROUPS else
-                     f"{key.rsplit('.', 1)[-1]}={value}")  # fmt: skip
-    return " ".join([name, *extra])[:250]
+        extra[key] = (value if "." not in key and key not in config.GROUPS else
+                      f"{key.rsplit('.', 1)[-1]}={value}")  # fmt: skip
+    return " ".join([name, *extra.values()])[:250]
 
 
 def _git() -> dict[str, str]:
@@ -151,119 +157,90 @@ def in_multirun() -> bool:
 
 
 class Run:
-    """The MLflow run of the current job: what training records through (``Recorder``)."""
+    """The MLflow run of the current job: what training records through (``Recorder``).
 
-    def __init__(self, run_id: str, cfg: DictConfig, client: MlflowClient, resumed=None):
+    Every record goes through the run's ``Journal`` (its job folder), so a tracking server
+    that goes away for a while loses nothing."""
+
+    def __init__(self, run_id: str, cfg: DictConfig, journal: Journal, resumed=None):
         self.id = run_id
         self.cfg = cfg
-        self.client = client
+        self.journal = journal
         self.resumed = resumed  # the KILLED run this job continues, or None
         self._info: dict[str, Any] = {}
-
-    def history(self, key: str) -> list[float]:
-        """Values of a per-epoch metric logged so far, in epoch order: one per epoch, the latest
-        (a resumed run logs again the epochs its checkpoint did not hold)."""
-        return list(latest_per_step(self.client.get_metric_history(self.id, key)).values())
+        self._monitor = None
 
     def artifacts(self, folder: str, path: str) -> None:
-        mlflow.log_artifacts(folder, path)
+        self.journal.files(folder, path)
 
     def heartbeat(self) -> None:
         """Record that this run's process is alive (see ``mark_stale_runs``), and so its sweep."""
         now = f"{time.time():.0f}"
-        mlflow.set_tag("ablate.heartbeat", now)
-        if (parent := sweep_parent()) is not None:
-            self.client.set_tag(parent, "ablate.heartbeat", now)
+        self.journal.tags({"ablate.heartbeat": now})
+        parent = sweep_parent()
+        if parent is not None and self.journal.down_since is None:
+            with contextlib.suppress(MlflowException):  # the sweep's own beat, not this record
+                self.journal.client.set_tag(parent, "ablate.heartbeat", now)
 
     def tags(self, tags: Mapping[str, Any]) -> None:
-        mlflow.set_tags({k: str(v) for k, v in tags.items()})
+        self.journal.tags(tags)
 
     def metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+        self.journal.metrics(metrics, step)
+        self.system_metrics()
 
     def text(self, text: str, path: str) -> None:
-        mlflow.log_text(text, path)
+        self.journal.text(text, path)
 
     def json(self, obj: Any, path: str) -> None:
         # compact: mlflow.log_dict indents, which triples the size of per-word prediction files
-        mlflow.log_text(json.dumps(obj, separators=(",", ":")), path)
+        self.text(json.dumps(obj, separators=(",", ":")), path)
 
     def info(self, section: str, values: Mapping[str, Any]) -> None:
         """Bookkeeping a reader may want but the run page need not show (environment, data
         files, what each speed plugin applied): one section of the artifact ``run.json``."""
         self._info[section] = {**self._info.get(section, {}), **values}
-        mlflow.log_text(json.dumps(self._info, indent=1, default=str), RUN_INFO)
+        self.text(json.dumps(self._info, indent=1, default=str), RUN_INFO)
 
     def dataset(self, name: str, source: str, sha256: str, context: str) -> None:
         """Log a dataset the run used (``mlflow.log_input``): its name, where it comes from (a
         URL or a local path), its content's sha256 and its role (train, dev, test)."""
-        from mlflow.data.dataset_source_registry import resolve_dataset_source
-        from mlflow.data.http_dataset_source import HTTPDatasetSource
-        from mlflow.data.meta_dataset import MetaDataset
-
-        if source.startswith(("http://", "https://")):
-            origin = HTTPDatasetSource(source)
-        else:
-            with warnings.catch_warnings():  # a path matches MLflow's local and file sources alike
-                warnings.simplefilter("ignore", UserWarning)
-                origin = resolve_dataset_source(source)
         # MLflow keeps digests of at most 36 characters: the first 32 hex digits (128 bits)
-        dataset = MetaDataset(origin, name=name, digest=sha256[:32])
-        for attempt in range(5):
-            try:
-                mlflow.log_input(dataset, context=context)
-                return
-            except MlflowException as exc:
-                # Parallel jobs logging the same dataset race to create its row; the loser finds
-                # it there when it tries again.
-                if "UNIQUE" not in str(exc).upper() or attempt == 4:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        self.journal.dataset(name, source, sha256[:32], context)
+
+    def system_metrics(self, stop: bool = False) -> None:
+        """MLflow's system-metrics monitor: started, restarted once the server is back (it
+        ends itself when a request fails), or with ``stop`` stopped."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = self._monitor
+        if stop:
+            if monitor is not None:
+                # finish() joins the monitor, which may be inside MLflow's minutes of retries of
+                # a request sent while the server was away: give it seconds, not minutes
+                ending = threading.Thread(target=monitor.finish, daemon=True)
+                ending.start()
+                ending.join(timeout=10)
+            self._monitor = None
+            return
+        alive = monitor is not None and monitor._process is not None and monitor._process.is_alive()
+        if not alive and self.journal.down_since is None:
+            self._monitor = SystemMetricsMonitor(
+                self.id, resume_logging=monitor is not None or self.resumed is not None,
+                tracking_uri=self.journal.uri,
+            )  # fmt: skip
+            self._monitor.start()
+
+    def end(self, status: str, wait_min: float) -> None:
+        """Record the run's end and send everything, waiting up to ``wait_min`` for a server
+        that went away; the journal is removed once all is in the store."""
+        self.journal.end(status)
+        self.journal.wait_and_flush(wait_min)  # raises, the journal kept, if it never answers
+        self.system_metrics(stop=True)
+        self.journal.remove()
 
 
 RUN_INFO = "run.json"
-# What schedulers send to stop a job: SLURM (scancel, time limit, preemption: TERM, or USR1/USR2
-# as `--signal` asks), Kubernetes, systemd and docker (TERM). Ctrl-C stays a KeyboardInterrupt.
-STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
-)
-
-
-class Interrupted(BaseException):
-    """A stop signal, raised where the job was so that the run ends KILLED with its last epoch
-    checkpoint (a BaseException, as KeyboardInterrupt: nothing may swallow it)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def _stop_signals() -> Iterator[dict[int, Any]]:
-    """Raise ``Interrupted`` on a stop signal while the run is open; yields the handlers that
-    were installed before (submitit's requeue, say), to call once the run is closed."""
-    if threading.current_thread() is not threading.main_thread():
-        yield {}
-        return
-
-    def interrupt(signum, frame):
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
-    try:
-        yield previous
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _after_stop(signum: int, previous: dict[int, Any]) -> None:
-    """The run is closed KILLED: hand the signal to what was there before (submitit checkpoints
-    and requeues the job), else end the process as the signal would have."""
-    handler = previous.get(signum)
-    if callable(handler):
-        handler(signum, None)
-    raise SystemExit(128 + signum)
 
 
 def finished_twin(cfg: DictConfig):
@@ -280,14 +257,16 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
     sweep's run.
 
     The run ends FINISHED, or FAILED (with an ``error`` tag) if the body raises, or KILLED on
-    Ctrl-C; the exception propagates so a sweep records the job as failed and goes on with the
-    next one. With ``trainer.resume=true`` the newest KILLED run of the same config is reopened
-    (``Run.resumed``) instead of starting a new one. ``data_sha256``: the split files' hashes,
-    when the caller has them (else the identity locates the files again).
+    Ctrl-C or a stop signal; the exception propagates so a sweep records the job as failed and
+    goes on with the next one. With ``trainer.resume=true`` the newest KILLED run of the same
+    config is reopened (``Run.resumed``) instead of starting a new one. ``data_sha256``: the
+    split files' hashes, when the caller has them (else the identity locates the files again).
+    Its record is journaled in the job folder (``tracking.outage_min``, ``ablate.tracking.replay``).
     """
+    from mlflow.tracking.context import registry as context
+
     uri = cfg.tracking.uri
     experiment_id = prepare(uri, cfg.tracking.experiment, cfg.tracking.stale_after_min)
-    mlflow.set_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri)
     ident = identity(cfg, data_sha256)
     folder = requeued_from()
@@ -299,27 +278,31 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
         "ablate.heartbeat": f"{time.time():.0f}",
     }
     if resumed is not None:
+        run_id = resumed.info.run_id
         # before it is RUNNING again: a job starting meanwhile must not take the dead process's
         # pid, still in its tags, for this run's and mark it KILLED
         for key, value in this_process.items():
-            client.set_tag(resumed.info.run_id, key, value)
-        opened = mlflow.start_run(run_id=resumed.info.run_id, log_system_metrics=True)
+            client.set_tag(run_id, key, value)
+        client.update_run(run_id, status="RUNNING")
     else:
-        opened = mlflow.start_run(
-            experiment_id=experiment_id, run_name=run_name(cfg), log_system_metrics=True,
-            parent_run_id=sweep_parent(),
-        )  # fmt: skip
-    with opened as active, _stop_signals() as previous:
-        run = Run(active.info.run_id, cfg, client, resumed)
+        tags = {MLFLOW_RUN_NAME: run_name(cfg)}
+        if (parent := sweep_parent()) is not None:
+            tags[MLFLOW_PARENT_RUN_ID] = parent
+        # the tags mlflow.start_run adds (source, user, git), without its process-global state
+        run_id = client.create_run(experiment_id, tags=context.resolve_tags(tags)).info.run_id
+    run = Run(run_id, cfg, Journal(journal_folder(run_id), uri, run_id), resumed)
+    run.system_metrics()
+    wait = cfg.tracking.outage_min
+    with stop_signals() as previous:
         try:
             if resumed is None:  # a reopened run keeps its params (re-logging one would raise)
                 resolved = OmegaConf.to_container(cfg, resolve=True)
-                mlflow.log_params(flatten(resolved))
+                run.journal.params(flatten(resolved))
                 run.text(OmegaConf.to_yaml(resolved), "config.yaml")
                 if HydraConfig.initialized():
                     hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
                     if hydra_dir.is_dir():
-                        mlflow.log_artifacts(str(hydra_dir), ".hydra")
+                        run.artifacts(str(hydra_dir), ".hydra")
             else:
                 run.tags({"ablate.resumed": "true"})
             env = environment()
@@ -331,15 +314,39 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
             yield run
         except (KeyboardInterrupt, Interrupted) as exc:
             # interrupted, not broken: resumable from its last epoch checkpoint
-            mlflow.set_tag("error", type(exc).__name__ if isinstance(exc, KeyboardInterrupt)
-                           else f"stopped by {exc}")  # fmt: skip
-            mlflow.end_run("KILLED")
+            run.tags({"error": type(exc).__name__ if isinstance(exc, KeyboardInterrupt)
+                      else f"stopped by {exc}"})  # fmt: skip
+            _end_keeping(run, "KILLED", 0)  # seconds count: a scheduler's SIGKILL follows
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            _after_stop(exc.signum, previous)
+            after_stop(exc.signum, previous)
         except BaseException as exc:
-            mlflow.set_tag("error", f"{type(exc).__name__}: {exc}"[:5000])
+            run.tags({"error": f"{type(exc).__name__}: {exc}"[:5000]})
+            _end_keeping(run, "FAILED", wait)
             raise
+        else:
+            run.end("FINISHED", wait)
+
+
+def _end_keeping(run: Run, status: str, wait_min: float) -> None:
+    """End a run that is already failing: a server that never answers is reported in the log,
+    the journal kept, and the run's own error goes on."""
+    try:
+        run.end(status, wait_min)
+    except AblateError as exc:
+        log.error("%s", exc)
+
+
+def journal_folder(run_id: str) -> Path:
+    """Where a run's journal lives: its job folder (``mlflow_journal/``; Hydra's output folder),
+    else a temporary one. A journal another run left there is moved aside, not mixed in."""
+    if not HydraConfig.initialized():
+        return Path(tempfile.mkdtemp(prefix=f"ablate-{JOURNAL}-"))  # removed with the journal
+    folder = Path(HydraConfig.get().runtime.output_dir) / JOURNAL
+    head = folder / "journal.jsonl"
+    if head.is_file() and json.loads(head.open().readline()).get("run_id") != run_id:
+        folder.rename(folder.with_name(f"{JOURNAL}.{time.time():.0f}"))
+    return folder
 
 
 def requeued_from() -> str | None:

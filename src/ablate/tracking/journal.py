@@ -1,0 +1,243 @@
+"""A run's record kept in its job folder as it is sent, so that a tracking server going away
+loses nothing: what it could not send waits there (training goes on) and is sent when the
+server answers again; at the end of the run the journal waits ``tracking.outage_min`` for the
+server, and failing that stays behind for ``python -m ablate.tracking.replay <job folder>``.
+
+MLflow has no such buffer: its HTTP client retries one request for minutes and then raises,
+losing that record and the run's end (its async logging keeps a queue in memory only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from ablate.errors import AblateError
+
+log = logging.getLogger("ablate")
+
+FOLDER = "mlflow_journal"  # in the job folder
+_LINES, _SENT, _FILES = "journal.jsonl", "sent", "files"
+_BATCH = 100  # MLflow's limit of params (and tags) per log_batch call
+
+
+def answers(uri: str, timeout: float = 2.0) -> bool:
+    """Whether the store at ``uri`` answers now (a file store always does)."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class Journal:
+    """Every record of one run, appended to ``<folder>/journal.jsonl`` and then sent in order."""
+
+    def __init__(self, folder: Path, uri: str, run_id: str):
+        self.folder, self.uri, self.run_id = Path(folder), uri, run_id
+        self.client = MlflowClient(tracking_uri=uri)
+        self.down_since: float | None = None
+        self._count = self._sent = 0
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lines = self.folder / _LINES
+        self._sent_file = self.folder / _SENT
+        if not self._lines.exists():
+            self._append({"op": "run", "uri": uri, "run_id": run_id})
+            self._mark_sent(1)
+        with self._lines.open() as f:
+            entries = [json.loads(line) for line in f if line.strip()]
+        self._count = len(entries)
+        self._sent = int(self._sent_file.read_text() or 0)
+        self._pending = entries[self._sent :]  # in memory: the file is only appended to
+        self.ended = any(e["op"] == "end" for e in entries)  # the run's end is recorded
+
+    @classmethod
+    def reopen(cls, folder: Path, uri: str | None = None) -> Journal:
+        """The journal left in ``folder`` (a job folder or the journal's own), optionally sent
+        to another ``uri`` than the one it recorded."""
+        folder = Path(folder)
+        if (folder / FOLDER / _LINES).is_file():
+            folder = folder / FOLDER
+        if not (folder / _LINES).is_file():
+            raise AblateError(f"{folder}: no {FOLDER}/{_LINES} here (is it a job folder?)")
+        head = json.loads((folder / _LINES).open().readline())
+        return cls(folder, uri or head["uri"], head["run_id"])
+
+    # -- recording ------------------------------------------------------------------------
+    def params(self, params: Mapping[str, Any]) -> None:
+        self.add("params", params={k: str(v) for k, v in params.items()})
+
+    def tags(self, tags: Mapping[str, Any]) -> None:
+        self.add("tags", tags={k: str(v) for k, v in tags.items()})
+
+    def metrics(self, metrics: Mapping[str, float], step: int | None) -> None:
+        values = {k: float(v) for k, v in metrics.items()}
+        self.add("metrics", metrics=values, step=step or 0, ts=int(time.time() * 1000))
+
+    def text(self, text: str, path: str) -> None:
+        self.add("text", text=text, path=path)
+
+    def files(self, folder: str, path: str) -> None:
+        """Artifacts of ``folder`` (copied here: the caller's folder may be temporary)."""
+        n = self._count
+        shutil.copytree(folder, self.folder / _FILES / str(n))
+        self.add("files", folder=f"{_FILES}/{n}", path=path)
+
+    def dataset(self, name: str, source: str, digest: str, context: str) -> None:
+        self.add("dataset", name=name, source=source, digest=digest, context=context)
+
+    def end(self, status: str) -> None:
+        self.ended = True
+        self.add("end", status=status, ts=int(time.time() * 1000))
+
+    def add(self, op: str, **fields: Any) -> None:
+        """Append one record, then send what is pending if the store answers."""
+        entry = {"op": op, **fields}
+        self._append(entry)
+        self._pending.append(entry)
+        self.flush()
+
+    # -- sending --------------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Records not yet in the store."""
+        return len(self._pending)
+
+    def flush(self) -> bool:
+        """Send the pending records in order; False (and the rest kept) while the store is
+        away. A store that answers but refuses a record raises."""
+        if not self._pending:
+            return True
+        if not answers(self.uri):
+            self._went_away()
+            return False
+        while self._pending:
+            try:
+                self._send(self._pending[0])
+            except Exception:
+                if answers(self.uri):
+                    raise
+                self._went_away()
+                return False
+            self._pending.pop(0)
+            self._mark_sent(self._sent + 1)
+        if self.down_since is not None:
+            log.info("tracking server %s answers again: the run's record is complete", self.uri)
+            self.down_since = None
+        return True
+
+    def wait_and_flush(self, minutes: float) -> None:
+        """At the run's end: send everything, waiting up to ``minutes`` for an absent store.
+        Raises a one-line ``AblateError`` naming the replay command if it never answers."""
+        deadline = time.monotonic() + minutes * 60
+        if not self.flush():
+            log.warning(
+                "tracking server %s does not answer: waiting up to %g min to send the run's "
+                "record (kept in %s)", self.uri, minutes, self.folder,
+            )  # fmt: skip
+        while not self.flush():
+            if time.monotonic() > deadline:
+                raise AblateError(
+                    f"tracking.uri={self.uri}: no answer for {minutes:g} min "
+                    f"(tracking.outage_min); nothing is lost: the run's record is kept in "
+                    f"{self.folder}; once the server is back, log it with: "
+                    f"python -m ablate.tracking.replay {self.folder.parent}"
+                )
+            time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
+
+    def remove(self) -> None:
+        """Delete the journal once everything is in the store."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _went_away(self) -> None:
+        if self.down_since is None:
+            self.down_since = time.time()
+            log.warning(
+                "tracking server %s does not answer: training goes on, the run's record is "
+                "kept in %s and sent when the server is back", self.uri, self.folder,
+            )  # fmt: skip
+
+    def _send(self, e: dict[str, Any]) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        c, run = self.client, self.run_id
+        op = e["op"]
+        if op == "params":
+            for chunk in _chunks(list(e["params"].items())):
+                c.log_batch(run, params=[Param(k, v) for k, v in chunk])
+        elif op == "tags":
+            for chunk in _chunks(list(e["tags"].items())):
+                c.log_batch(run, tags=[RunTag(k, v) for k, v in chunk])
+        elif op == "metrics":
+            c.log_batch(run, metrics=[Metric(k, v, e["ts"], e["step"])
+                                      for k, v in e["metrics"].items()])  # fmt: skip
+        elif op == "text":
+            c.log_text(run, e["text"], e["path"])
+        elif op == "files":
+            c.log_artifacts(run, str(self.folder / e["folder"]), e["path"])
+        elif op == "dataset":
+            _log_dataset(c, run, e)
+        elif op == "end":
+            c.set_terminated(run, e["status"], end_time=e["ts"])
+        elif op != "run":
+            raise AblateError(f"{self._lines}: unknown record {op!r}")
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with self._lines.open("a") as f:
+            f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        self._count += 1
+
+    def _mark_sent(self, n: int) -> None:
+        tmp = self._sent_file.with_suffix(".tmp")
+        tmp.write_text(str(n))
+        tmp.replace(self._sent_file)  # atomic: a replay never sends a record twice
+        self._sent = n
+
+
+def _chunks(items: list, size: int = _BATCH) -> Iterable[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _log_dataset(client: MlflowClient, run_id: str, e: Mapping[str, str]) -> None:
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    source = e["source"]
+    if source.startswith(("http://", "https://")):
+        origin = HTTPDatasetSource(source)
+    else:
+        with warnings.catch_warnings():  # a path matches MLflow's local and file sources alike
+            warnings.simplefilter("ignore", UserWarning)
+            origin = resolve_dataset_source(source)
+    dataset = MetaDataset(origin, name=e["name"], digest=e["digest"])
+    entry = DatasetInput(
+        dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, e["context"])]
+    )
+    for attempt in range(5):
+        try:
+            client.log_inputs(run_id, datasets=[entry])
+            return
+        except MlflowException as exc:
+            # Parallel jobs logging the same dataset race to create its row; the loser finds it
+            # there when it tries again.
+            if "UNIQUE" not in str(exc).upper() or attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
