@@ -225,11 +225,15 @@ def job(spec: dict) -> None:
     """One measured run in this (fresh) process; writes its numbers to ``spec['result']``."""
     from mlflow.tracking import MlflowClient
 
+    from ablate.training.resources import set_wait_policy
+
+    cfg = compose(spec["overrides"])
+    if spec["recipe"] != "plain":
+        set_wait_policy(cfg)  # as ablate.train does, before torch loads OpenMP
     from ablate.tracking.run import start_run
     from ablate.training.fit import fit
     from ablate.training.prepare import prepare
 
-    cfg = compose(spec["overrides"])
     prepared = prepare(cfg) if spec["recipe"] != "plain" else None
     with start_run(cfg) as run:
         run.tags({f"bench.{k}": spec[k] for k in ("recipe", "config", "bench_id")})
@@ -438,9 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--omp-wait-policy",
         default="inherit",
-        help="OMP_WAIT_POLICY for every job, both recipes ('inherit', the default: the environment "
-        "as it is, as a user's runs get it; PASSIVE: idle OpenMP threads sleep at once, so other "
-        "processes on a shared machine cost both recipes only their CPU share)",
+        help="OMP_WAIT_POLICY ('inherit', the default: each recipe as its users get it: plain "
+        "with the environment's, ablate with trainer.omp_wait_policy=auto; PASSIVE or ACTIVE: "
+        "that, for every job of both recipes)",
     )
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -451,9 +455,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.omp_wait_policy != "inherit":
         # OpenMP reads it when torch loads it: set before the import, and children inherit it.
-        # With OpenMP's default (spin, then sleep) one busy core from another process slowed a
-        # MiniLM step 3-10x here, for either recipe. PASSIVE avoids that, but on an idle machine
-        # it slowed ablate's training steps (many small ops) more than plain's: not the default.
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
 
     from ablate import config
@@ -500,6 +501,7 @@ def _bench(args, argv, configs: list[str], recipes: list[str], uri: str, out: Pa
         f"model={args.model}",
         f"trainer.epochs={args.epochs}",
         f"trainer.threads={threads}",
+        *(["trainer.omp_wait_policy=inherit"] if args.omp_wait_policy != "inherit" else []),
         "trainer.measure_flops=true",
         f"tracking.uri={uri}",
         f"tracking.experiment={args.experiment}",

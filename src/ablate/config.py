@@ -183,6 +183,12 @@ class TrainerCore:
         None, "torch CPU threads; null = the CPUs this process may use, divided among a parallel "
         "launcher's workers", setting=False,
     )  # fmt: skip
+    omp_wait_policy: str = key(
+        "auto", "`passive`: idle OpenMP threads sleep at once, so a run sharing its cores slows by "
+        "its share of them, not ~4x (docs/operations.md); `inherit`: the environment's "
+        "OMP_WAIT_POLICY, else OpenMP's spin-then-sleep (fastest alone); `auto`: passive when "
+        "other work keeps half a CPU busy at the start", identity=False,
+    )  # fmt: skip
     checkpoints: bool = key(True, "keep the last epoch's checkpoint until the run finishes")
     resume: bool = key(False, "continue the newest KILLED run of the same config", identity=False)
     early_stopping_patience: int | None = key(

@@ -34,6 +34,9 @@ def main(cfg: DictConfig) -> float:
                 twin.info.run_name, twin.info.run_id,
             )  # fmt: skip
             return twin.data.metrics.get(f"best_dev_{primary}", float("nan"))
+        from ablate.training.resources import set_wait_policy
+
+        set_wait_policy(cfg)  # before torch loads OpenMP
         from ablate.training.fit import fit
         from ablate.training.prepare import prepare
 

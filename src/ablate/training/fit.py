@@ -109,7 +109,7 @@ def record_inputs(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str
             "tokenized_cache": prep.encoded.cache,
         },
     )
-    record.info("environment", {"torch_threads": prep.threads})
+    record.info("environment", {"torch_threads": prep.threads, "omp_wait_policy": prep.wait_policy})
     stats = prep.encoded.stats  # only what happened: a zero count is no news
     record.metrics({f"{s}_{k}": v for s, c in stats.items() for k, v in c.items() if v})
     counts = {f"{s}_sentences": len(sents) for s, sents in prep.sentences.items()}

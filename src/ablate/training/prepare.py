@@ -26,7 +26,7 @@ from ablate.speed import plugins, registry
 from ablate.speed.plugin import Context
 from ablate.strategies.base import Applied
 from ablate.training import arguments
-from ablate.training.resources import torch_threads
+from ablate.training.resources import set_wait_policy, torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class Prepared:
     applied: Applied
     device: str
     threads: int
+    wait_policy: str  # OMP_WAIT_POLICY as this process's OpenMP runs with it
 
 
 def read_extra_tests(cfg: DictConfig, task: tasks.Task) -> dict[str, list[Sentence]]:
@@ -90,6 +91,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     """Load and check everything ``cfg`` needs, in this process; nothing is recorded."""
     threads = torch_threads(cfg)
     torch.set_num_threads(threads)
+    wait_policy = set_wait_policy(cfg)  # as OpenMP read it (``ablate.train`` set it in time)
     set_seed(cfg.seed)  # the head's initialisation below draws from it
     task = tasks.get(cfg.data.task)
     check_source(cfg.model)  # a missing model fails in seconds, before the data
@@ -121,5 +123,15 @@ def prepare(cfg: DictConfig) -> Prepared:
     for plugin in plugins.active():
         plugin.check(ctx)
     return Prepared(
-        task, files, sentences, held, encoded, extra, tokenizer, applied, device, threads
+        task,
+        files,
+        sentences,
+        held,
+        encoded,
+        extra,
+        tokenizer,
+        applied,
+        device,
+        threads,
+        wait_policy,
     )

@@ -42,6 +42,60 @@ def torch_threads(cfg: DictConfig) -> int:
     return max(1, usable_cpus() // launcher_workers())
 
 
+WAIT_POLICIES = ("auto", "passive", "inherit")
+
+
+def busy_cpus(seconds: float = 0.5) -> float:
+    """How many of this process's usable CPUs other processes keep busy now (a short sample)."""
+    import psutil
+
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = None
+    per_cpu = psutil.cpu_percent(interval=seconds, percpu=True)
+    used = [per_cpu[i] for i in mine if i < len(per_cpu)] if mine else per_cpu
+    return sum(used) / 100.0
+
+
+def set_wait_policy(cfg: DictConfig) -> str:
+    """Apply ``trainer.omp_wait_policy`` before torch loads OpenMP (which reads it then, once);
+    returns what this process's OpenMP runs with, and why, for the run's record.
+
+    ``auto``: PASSIVE when other processes keep at least half a CPU of ours busy at the start,
+    else OpenMP's default. Measured (docs/operations.md): beside a busy job OpenMP's spinning
+    made ablate's epochs 4-6x slower, PASSIVE 1.7x (its share of the cores: 2x); on an idle
+    machine PASSIVE cost 5 % here and 39 % of a step on an AMX CPU, so it is not always on.
+    """
+    import sys
+
+    from ablate.errors import AblateError
+
+    global _loaded_with
+    policy = cfg.trainer.omp_wait_policy
+    if policy not in WAIT_POLICIES:
+        raise AblateError(
+            f"trainer.omp_wait_policy={policy!r} is not one of {', '.join(WAIT_POLICIES)}"
+        )
+    if "torch" not in sys.modules:  # OpenMP loads with torch: this process's policy is set here
+        why = policy
+        if policy == "auto":
+            busy = busy_cpus()
+            shared = busy >= 0.5
+            why = f"auto: {busy:.1f} of {usable_cpus()} CPUs busy with other work at the start"
+            policy = "passive" if shared else "inherit"
+        if policy == "passive":
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        value = os.environ.get("OMP_WAIT_POLICY", "unset: OpenMP's spin-then-sleep")
+        _loaded_with = f"{value} ({why})"
+    if _loaded_with is None:  # e.g. a notebook that imported torch first
+        return f"{os.environ.get('OMP_WAIT_POLICY', 'unset')} (torch loaded before ablate)"
+    return _loaded_with
+
+
+_loaded_with: str | None = None  # OMP_WAIT_POLICY as this process's OpenMP read it, and why
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
