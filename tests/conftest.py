@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,14 @@ def pytest_configure(config):
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     mine = cpus[int(worker[2:]) :: count] or cpus
     os.sched_setaffinity(0, mine)
+
+
+def pytest_collection_modifyitems(items):
+    """Files with a ``heavy`` test first: pytest-xdist hands out whole files in this order
+    (``--no-loadscope-reorder``), so the minutes-long ones start at once on both workers
+    instead of one of them finishing the suite alone."""
+    heavy = {item.path for item in items if item.get_closest_marker("heavy")}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: the rest keep their order
 
 
 def conllu_blocks(path: Path) -> list[str]:
@@ -108,13 +117,16 @@ def run_info(store: str, run_id: str) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m ablate.train ARGS`` in a real subprocess."""
+def run_cli(
+    *args: str, cwd: Path = ROOT, timeout: int = 600, prefix: Sequence[str] = ()
+) -> subprocess.CompletedProcess:
+    """``python -m ablate.train ARGS`` in a real subprocess (``prefix``: a command it runs
+    under, e.g. ``taskset -c 0``)."""
     # one system-metrics sample a second: the tests' runs last seconds, not the default 10
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run(
-        [sys.executable, "-m", "ablate.train", *args],
+        [*prefix, sys.executable, "-m", "ablate.train", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -41,6 +41,7 @@ def assert_same(client, run, want, words):
     assert run.data.tags["ablate.identity"] == want["identity"]
 
 
+@pytest.mark.heavy
 def test_every_strategy_and_batching_path_computes_what_it_did_before_the_move(
     slice_root, store, tmp_path
 ):

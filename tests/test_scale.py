@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,8 +14,6 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
 from ablate.config import conf_dir
-from ablate.errors import AblateError
-from ablate.tracking import server
 
 FREEZES = ("none", "all", "first2", "first4")
 
@@ -51,15 +46,15 @@ def assert_complete_grid(uri: str, experiment: str, n: int, epochs: int = 2) -> 
     return runs
 
 
-def three_sweeps_at_once(slice_root, uri: str, out: Path) -> None:
-    """Three sweeps of four joblib workers each, started at the same moment into one store."""
+def three_sweeps_at_once(slice_root, uri: str, out: Path, jobs: int = 4) -> None:
+    """Three sweeps of ``jobs`` joblib workers each, started at the same moment into one store."""
     args = [
         "--multirun",
         "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=4",
-        f"freeze={','.join(FREEZES)}",
+        f"hydra.launcher.n_jobs={jobs}",
+        f"freeze={','.join(FREEZES[:jobs])}",
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     procs = [
         subprocess.Popen(
@@ -83,9 +78,10 @@ def three_sweeps_at_once(slice_root, uri: str, out: Path) -> None:
         assert proc.returncode == 0, err[-3000:]
         assert "UserWarning" not in err, err[-3000:]  # Hydra's form of a failed sweep callback
     for i in range(3):
-        assert_complete_grid(uri, f"w{i}", 4)
+        assert_complete_grid(uri, f"w{i}", jobs)
 
 
+@pytest.mark.heavy
 def test_three_parallel_sweeps_into_one_fresh_sqlite_store(slice_root, tmp_path):
     uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"  # schema created once, under a lock
     three_sweeps_at_once(slice_root, uri, tmp_path)
@@ -96,18 +92,35 @@ def test_three_parallel_sweeps_into_one_fresh_sqlite_store(slice_root, tmp_path)
     assert threads == {expected}
 
 
-def test_submitit_local_launcher(slice_root, tmp_path):
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs to tell the mask apart")
+def test_a_job_under_taskset_beside_a_busy_process_takes_one_thread_and_sleeps_when_idle(
+    slice_root, tmp_path
+):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = run_cli(
-        "--multirun",
-        *slice_overrides(slice_root, uri, tmp_path),
-        "hydra/launcher=submitit_local",
-        "hydra.launcher.timeout_min=10",
-        "freeze=none,first2",
-        "trainer.epochs=1",
-    )
+    busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+    try:
+        proc = run_cli(
+            *slice_overrides(slice_root, uri, tmp_path), "trainer.epochs=1",
+            prefix=("taskset", "-c", "0"),
+        )  # fmt: skip
+    finally:
+        busy.kill()
+        busy.wait()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_complete_grid(uri, "ablate", 2, epochs=1)
+    (run,) = logged_runs(uri)
+    environment = run_info(uri, run.info.run_id)["environment"]
+    assert environment["torch_threads"] == 1  # the affinity mask, not the machine's CPUs
+    # its core is shared: OpenMP's threads sleep when idle (set before torch loaded it)
+    assert environment["omp_wait_policy"].startswith("PASSIVE (auto: "), environment
+
+
+def test_slurm_cpus_per_task_caps_the_threads(monkeypatch):
+    from ablate.training.resources import usable_cpus
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)))  # a big node
+    assert usable_cpus() == 128
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    assert usable_cpus() == 4
 
 
 def test_slurm_preset_sets_the_knobs_a_slurm_user_needs():
@@ -122,6 +135,8 @@ def test_slurm_preset_sets_the_knobs_a_slurm_user_needs():
     assert launcher.partition == "gpu"
     for key in ("timeout_min", "cpus_per_task", "gpus_per_node", "mem_gb", "array_parallelism"):
         assert launcher[key] is not None
+    # a timed-out job is requeued (submitit's default is never) and warned before the limit
+    assert launcher.max_num_timeout >= 1 and launcher.signal_delay_s >= 60
 
 
 def test_unreachable_server_fails_before_training(tmp_path):
@@ -140,73 +155,3 @@ def test_unwritable_store_fails_before_training(tmp_path):
     assert (
         "tracking.uri=sqlite:////proc/ablate/mlflow.db: cannot create /proc/ablate" in proc.stderr
     )
-
-
-@pytest.fixture
-def team_server():
-    """PostgreSQL + mlflow server on loopback, in a folder the postgres user can reach."""
-    folder = Path(tempfile.mkdtemp(prefix="ablate-server-"))
-    folder.chmod(0o755)
-    uri = server.start(folder, free_port(), free_port(), db_url=None)
-    yield uri, folder
-    server.stop(folder)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def test_three_parallel_sweeps_against_a_postgres_backed_server(team_server, slice_root, tmp_path):
-    uri, folder = team_server
-    state = (folder / server.STATE).read_text()
-    three_sweeps_at_once(slice_root, uri, tmp_path)
-    runs = logged_runs(uri, "w0")
-    client = MlflowClient(uri)
-    # artifacts went through the server into its artifact root
-    assert {"config.yaml", "reports"} <= {
-        a.path for a in client.list_artifacts(runs[0].info.run_id)
-    }
-    assert any((folder / "artifacts").rglob("config.yaml"))
-    server.stop(folder)
-    assert not (folder / server.STATE).exists()
-    pid = __import__("json").loads(state)["mlflow_pid"]
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    assert not (folder / "pg" / "postmaster.pid").exists()
-
-
-def test_server_start_refuses_a_taken_port_and_stop_spares_a_reused_pid(tmp_path):
-    with socket.socket() as taken:  # e.g. `make ui` on the same port
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(AblateError, match=rf"port {port} on 127.0.0.1 is taken"):
-            server.start(tmp_path, port, free_port(), db_url=f"sqlite:///{tmp_path}/m.db")
-    assert not (tmp_path / server.STATE).exists()  # nothing started, nothing recorded
-
-    # A record whose pid now belongs to another process (the server died, the pid was reused)
-    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        record = {"mlflow_pid": other.pid, "mlflow_started": "1"}  # another start time
-        (tmp_path / server.STATE).write_text(json.dumps(record))
-        server.stop(tmp_path)
-        assert other.poll() is None  # left alone
-        assert not (tmp_path / server.STATE).exists()  # and the stale record is gone
-    finally:
-        other.kill()
-        other.wait()
-
-
-def test_a_failed_server_start_leaves_no_postgres_running(monkeypatch):
-    folder = Path(tempfile.mkdtemp(prefix="ablate-server-"))
-    folder.chmod(0o755)  # the postgres user must reach it
-
-    def fail(*args, **kwargs):  # the MLflow server failing after PostgreSQL started
-        raise AblateError("mlflow server exited with code 1")
-
-    monkeypatch.setattr(server, "_start_mlflow", fail)
-    try:
-        with pytest.raises(AblateError, match="exited with code 1"):
-            server.start(folder, free_port(), free_port(), db_url=None)
-        assert (folder / "pg" / "PG_VERSION").is_file()  # it was created and started
-        assert not (folder / "pg" / "postmaster.pid").exists()  # and is stopped again
-        assert not (folder / server.STATE).exists()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)

@@ -13,7 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import NAIJA, ROOT, conllu_blocks, logged_runs, run_cli, write_treebank
+from conftest import (
+    NAIJA,
+    ROOT,
+    conllu_blocks,
+    logged_runs,
+    run_cli,
+    sweep_parents,
+    write_treebank,
+)  # fmt: skip
 from mlflow.tracking import MlflowClient
 
 from ablate.training import checkpoints
@@ -54,6 +62,7 @@ def history(store: str, run_id: str, key: str) -> list[float]:
     return [latest[step] for step in sorted(latest)]
 
 
+@pytest.mark.heavy
 def test_sigterm_ends_the_run_killed_and_it_resumes_to_the_uninterrupted_numbers(
     long_root, tmp_path
 ):
@@ -92,6 +101,7 @@ def test_sigterm_ends_the_run_killed_and_it_resumes_to_the_uninterrupted_numbers
     assert run.data.metrics["test_accuracy"] == reference.data.metrics["test_accuracy"]
 
 
+@pytest.mark.heavy
 def test_a_job_submitit_requeues_continues_the_same_run(long_root, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = tmp_path / "sweep"
@@ -113,3 +123,7 @@ def test_a_job_submitit_requeues_continues_the_same_run(long_root, tmp_path):
     assert again.info.status == "FINISHED" and again.data.tags["ablate.resumed"] == "true"
     assert len(history(store, run.info.run_id, "dev_accuracy")) == 3
     assert json.loads(again.data.tags["ablate.process"])["pid"] != job
+    # the launcher's sweep is one parent run, FINISHED, with the job as its child
+    (parent,) = sweep_parents(store)
+    assert parent.info.status == "FINISHED"
+    assert again.data.tags["mlflow.parentRunId"] == parent.info.run_id
