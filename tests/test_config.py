@@ -58,6 +58,17 @@ def test_defaults_are_the_earlier_study_recipe_on_minilm():
     assert Path(cfg.model.name_or_path, "config.json").is_file()  # the packaged MiniLM
 
 
+def test_the_paper_preset_is_the_study_grid_with_three_seeds_and_resumable():
+    cfg = make(["experiment=paper"], hydra=True)
+    params = cfg.hydra.sweeper.params
+    assert params.freeze.split(",") == ["none", "all", "first2", "first4", "alt"]
+    assert params.data.split(",") == ["naija", "ewt"]
+    assert params.seed.split(",") == ["1", "2", "3"]
+    t = cfg.trainer
+    assert (cfg.model.name, t.epochs, t.lr, t.batch_size) == ("minilm", 5, 5e-5, 16)
+    assert cfg.skip_finished is True  # a rerun continues the grid
+
+
 def test_tracking_uri_defaults_to_absolute_sqlite_at_project_root(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert make().tracking.uri == f"sqlite:///{ROOT / 'mlflow.db'}"
