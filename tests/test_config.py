@@ -67,6 +67,7 @@ def test_the_paper_preset_is_the_study_grid_with_three_seeds_and_resumable():
     t = cfg.trainer
     assert (cfg.model.name, t.epochs, t.lr, t.batch_size) == ("minilm", 5, 5e-5, 16)
     assert cfg.skip_finished is True  # a rerun continues the grid
+    assert cfg.tracking.experiment == "paper"
 
 
 def test_tracking_uri_defaults_to_absolute_sqlite_at_project_root(monkeypatch):
