@@ -134,12 +134,41 @@ def speed_switches() -> str:
     return "\n".join(rows)
 
 
+RESULTS = "docs/results/naija/summary.csv"  # the study's report (make report), see docs/results/
+
+
+def results_table(path: str = RESULTS) -> str:
+    """The README's showcase table, read from the published study's ``summary.csv``."""
+    import csv
+
+    with (project_root() / path).open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+
+    def pct(row: dict, key: str) -> str:
+        std = row[f"{key}_std_pct"]
+        return f"{float(row[f'{key}_mean_pct']):.2f}" + (f" ± {float(std):.2f}" if std else "")
+
+    lines = [
+        "| strategy | dev accuracy (%) | test accuracy (%) | trainable params (M) | "
+        "train time (s) | seeds |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| `{row['strategy']}` | {pct(row, 'dev')} | {pct(row, 'test')} | "
+            f"{float(row['trainable_params_m']):.2f} | {float(row['train_time_s']):.0f} | "
+            f"{row['n']} |"
+        )
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "freeze-table": freeze_table,
     "make-help": make_help,
     "config-groups": config_groups,
     "config-keys": config_keys,
     "speed-switches": speed_switches,
+    "results-table": results_table,
 }
 
 
