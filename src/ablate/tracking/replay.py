@@ -29,7 +29,10 @@ def replay(folder: Path, uri: str | None = None) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m ablate.tracking.replay", description=__doc__.split("\n\n")[0]
+        prog="python -m ablate.tracking.replay",
+        description="Log the record of a run that a tracking server missed (away longer than "
+        "tracking.outage_min), from the journal the run left in its job folder; records already "
+        "in the store are not sent again.",
     )
     parser.add_argument("folder", type=Path, help="the job folder (or its mlflow_journal/)")
     parser.add_argument("--uri", help="send to this store instead of the one the run used")
