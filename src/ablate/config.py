@@ -24,6 +24,10 @@ from omegaconf import MISSING, OmegaConf
 from ablate.speed import registry
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+# Tags of a run trained at the lr its strategy's study picked (``lr_study``): that trial's id,
+# and the recipe's lr it replaced (what the report compares with other strategies' lr).
+TUNED_TAG = "lr_study.trial"
+RECIPE_LR_TAG = "lr_study.recipe_lr"
 
 
 def conf_dir() -> Path:
@@ -214,6 +218,22 @@ class TrackingConfig:
     tags: dict[str, str] = key({}, "extra tags on every run", identity=False)
 
 
+@dataclass
+class LrStudyConfig:
+    """Strategies trained at the learning rate their own lr study picked on dev
+    (``hparams_search=lr``, run by ``python -m ablate.search``); nothing here is hashed: the
+    lr it picks is (``trainer.lr``)."""
+
+    freeze: list[str] = key(
+        [], "freeze options that train at their study's best lr, not `trainer.lr`",
+        identity=False,
+    )  # fmt: skip
+    experiment: str | None = key(
+        None, "MLflow experiment of those studies' trials; null = `tracking.experiment`",
+        identity=False,
+    )  # fmt: skip
+
+
 def _with_switches(name: str, core: type, group: str) -> type:
     """``core`` plus a field per speed switch of ``group`` (``ablate.speed.registry``)."""
     fields = [
@@ -239,6 +259,7 @@ def _train_config(data: type, trainer: type) -> type:
             ("freeze", FreezeConfig, field(default=MISSING)),
             ("trainer", trainer, field(default_factory=trainer)),
             ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),
+            ("lr_study", LrStudyConfig, field(default_factory=LrStudyConfig)),
             ("seed", int, key(42, "seeds model init, data order and dropout: `seed=1,2,3`")),
             (
                 "skip_finished",
@@ -259,7 +280,8 @@ DataConfig = _with_switches("DataConfig", DataCore, "data")
 TrainerConfig = _with_switches("TrainerConfig", TrainerCore, "trainer")
 TrainConfig = _train_config(DataConfig, TrainerConfig)
 GROUPS = {"data": DataConfig, "model": ModelConfig, "freeze": FreezeConfig,
-          "trainer": TrainerConfig, "tracking": TrackingConfig}  # fmt: skip
+          "trainer": TrainerConfig, "tracking": TrackingConfig,
+          "lr_study": LrStudyConfig}  # fmt: skip
 
 
 def schema_keys() -> Iterator[tuple[str, dataclasses.Field]]:

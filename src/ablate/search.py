@@ -39,11 +39,31 @@ def split_freeze(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     return options, rest
 
 
-def compose_trial(freeze: str | None, overrides: Sequence[str]) -> DictConfig:
-    """The configuration a trial of ``freeze``'s study runs with (lr aside)."""
+def compose_trial(freeze: str | None, overrides: Sequence[str], hydra: bool = False) -> DictConfig:
+    """The configuration a trial of ``freeze``'s study runs with (lr aside); ``hydra``: with the
+    ``hydra`` node (its sweeper's params)."""
     with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
         extra = [f"freeze={freeze}"] if freeze else []
-        return compose("train", overrides=[PRESET, *extra, *overrides])
+        return compose("train", overrides=[PRESET, *extra, *overrides], return_hydra_config=hydra)
+
+
+def for_studies(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the freeze options to study, the overrides their trials run with).
+
+    The options are those a ``freeze=`` override names, else the preset's ``lr_study.freeze``
+    (``experiment=fair``). The trials go to ``lr_study.experiment`` and train at the lr the
+    sweeper proposes (``lr_study.freeze=[]``); a preset's own sweep (seeds, freeze options) is
+    dropped: the study sweeps the lr alone.
+    """
+    options, rest = split_freeze(overrides)
+    cfg = compose_trial(None, rest, hydra=True)
+    options = options or list(cfg.lr_study.freeze)
+    rest = [o for o in rest if not o.lstrip("+").startswith("lr_study.freeze=")]
+    dropped = [f"~hydra.sweeper.params.{k}" for k in cfg.hydra.sweeper.params if k != "trainer.lr"]
+    extra = ["lr_study.freeze=[]", *dropped]
+    if cfg.lr_study.experiment:
+        extra.append(f"tracking.experiment={cfg.lr_study.experiment}")
+    return options, [*rest, *extra]
 
 
 def study_of(freeze: str | None, overrides: Sequence[str]) -> Study:
@@ -75,12 +95,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--report-only", action="store_true", help="print the table from the store; run nothing"
     )
     parser.add_argument(
-        "overrides", nargs="*", help="Hydra overrides: freeze=a,b (one study each), data=..."
+        "overrides",
+        nargs="*",
+        help="Hydra overrides: freeze=a,b (one study each; default: the preset's lr_study.freeze), "
+        "data=..., experiment=fair",
     )
     args = parser.parse_args(argv)
-    options, overrides = split_freeze(args.overrides)
     failed = []
     try:
+        options, overrides = for_studies(args.overrides)
         if args.report_only and not options:
             studies = all_studies(study_of(None, overrides))
         else:

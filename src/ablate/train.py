@@ -8,6 +8,7 @@ runs.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -28,6 +29,8 @@ def main(cfg: DictConfig) -> float:
 
     try:
         primary = tasks.get(cfg.data.task).primary_metric
+        if cfg.freeze.name in cfg.lr_study.freeze:
+            take_tuned_lr(cfg)  # before the twin check: the lr is part of the identity
         if cfg.skip_finished and (twin := tracking.finished_twin(cfg)) is not None:
             log.info(
                 "skip_finished: identical config already FINISHED as run %s (%s); skipping",
@@ -56,6 +59,40 @@ def main(cfg: DictConfig) -> float:
         results[f"test_{primary}"], uri, cfg.tracking.experiment, where,
     )  # fmt: skip
     return results[f"best_dev_{primary}"]
+
+
+def take_tuned_lr(cfg: DictConfig) -> None:
+    """Set ``trainer.lr`` to the lr that the strategy's own study picked on dev
+    (``lr_study``), tag the run with that trial's id, and record the lr in the job's
+    ``.hydra/config.yaml``, so the job folder says what ran."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    from ablate.report.lrsearch import tuned_lr
+
+    best = tuned_lr(cfg, _search_command(cfg))
+    log.info(
+        "freeze=%s trains at lr %.3g: the best of %d trials of study %s (dev %.4f, run %s)",
+        cfg.freeze.name, best.lr, best.trials, best.study.name, best.value, best.run_id,
+    )  # fmt: skip
+    with open_dict(cfg):
+        cfg.tracking.tags[config.RECIPE_LR_TAG] = str(cfg.trainer.lr)
+        cfg.tracking.tags[config.TUNED_TAG] = best.run_id
+        cfg.trainer.lr = best.lr
+    if HydraConfig.initialized() and (sub := HydraConfig.get().output_subdir) is not None:
+        saved = Path(HydraConfig.get().runtime.output_dir) / sub / "config.yaml"
+        if saved.parent.is_dir():
+            OmegaConf.save(cfg, saved)
+
+
+def _search_command(cfg: DictConfig) -> str:
+    """The ``python -m ablate.search`` command that runs this job's study: its overrides, the
+    seed aside (the study's trials run at the default seed)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    keep = [o for o in given if not o.startswith(("seed=", "freeze="))]
+    return " ".join(["python -m ablate.search", *keep, f"freeze={cfg.freeze.name}"])
 
 
 if __name__ == "__main__":

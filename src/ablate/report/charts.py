@@ -28,7 +28,7 @@ def palette(strategies) -> dict[str, str]:
     known = list(STRATEGY_ORDER[1:])
     # tab10 without its grey (the colour of seed dots), plus tab20b's darks for the rest.
     base = [c for i, c in enumerate(sns.color_palette("tab10").as_hex()) if i != 7]
-    base += ["#393b79", "#8c6d31", "#7b4173"]
+    base += ["#393b79", "#637939", "#8c6d31", "#7b4173"]
     extra = sorted(set(strategies) - set(STRATEGY_ORDER))
     more = sns.color_palette("husl", len(extra)).as_hex() if extra else []
     colours = {s: c for s, c in zip(known + extra, base + more, strict=True)}

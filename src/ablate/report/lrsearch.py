@@ -6,8 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ablate.report.load import MlflowClient, primary_metric
+from omegaconf import DictConfig, OmegaConf
+
+from ablate import tasks
+from ablate.errors import AblateError
+from ablate.report.load import MlflowClient, MlflowException, primary_metric
 from ablate.report.summary import settings
+from ablate.tracking.run import flatten
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,11 @@ def _runs(study: Study, filter_string: str):
 
 
 def _recipe(run) -> dict[str, str]:
-    return {k: v for k, v in settings(run.data.params).items() if k != "trainer.lr"}
+    return _lr_aside(run.data.params)
+
+
+def _lr_aside(params: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in settings(params).items() if k != "trainer.lr"}
 
 
 def best(study: Study) -> Best:
@@ -108,3 +117,40 @@ def table(rows: Sequence[Best]) -> str:
             f"| {run} |"
         )
     return "\n".join(lines)
+
+
+def tuned_lr(cfg: DictConfig, command: str) -> Best:
+    """The best finished trial of the lr study of ``cfg``'s strategy (``lr_study.experiment``):
+    the trial with the highest ``best_dev_<primary metric>`` among those run with ``cfg``'s
+    settings, lr and seed aside. When there is none, an ``AblateError`` that names ``command``
+    (the search to run first)."""
+    experiment = cfg.lr_study.experiment or cfg.tracking.experiment
+    metric = f"best_dev_{tasks.get(cfg.data.task).primary_metric}"
+    study = Study(cfg.freeze.name, "", cfg.tracking.uri, experiment, metric)
+    name = cfg.freeze.name.replace("'", "\\'")
+    try:
+        found = _runs(study, f"tags.study != '' and params.`freeze.name` = '{name}'")
+    except MlflowException as exc:
+        raise AblateError(
+            f"{cfg.tracking.uri}: the lr study's store is not readable: {exc}"
+        ) from exc
+    trials = [r for r in found if r.info.status == "FINISHED" and metric in r.data.metrics]
+    wanted = _lr_aside(
+        {k: str(v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
+    )
+    same = [r for r in trials if _recipe(r) == wanted]
+    if not same:
+        near = ""
+        if trials:
+            other = _recipe(max(trials, key=lambda r: r.info.start_time))
+            keys = sorted(k for k in wanted.keys() | other.keys() if wanted.get(k) != other.get(k))
+            near = f" ({len(trials)} finished trials have other settings: {', '.join(keys[:5])})"
+        raise AblateError(
+            f"freeze={cfg.freeze.name} trains at the lr its own study picks (lr_study.freeze), "
+            f"but experiment {experiment!r} in {cfg.tracking.uri} holds no finished trial of it "
+            f"with these settings{near}; run the study first: {command}"
+        )
+    top = max(same, key=lambda r: r.data.metrics[metric])
+    study = Study(cfg.freeze.name, top.data.tags["study"], cfg.tracking.uri, experiment, metric)
+    value = top.data.metrics[metric]
+    return Best(study, len(same), float(top.data.params["trainer.lr"]), value, top.info.run_id)

@@ -1,0 +1,85 @@
+"""experiment=fair: each strategy of lr_study.freeze trains at the lr its own study picked."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose_cfg, logged_runs, run_cli, slice_overrides
+from omegaconf import OmegaConf
+
+from ablate import report, search
+from ablate.config import RECIPE_LR_TAG, TUNED_TAG
+
+
+def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
+    cfg = compose_cfg("experiment=fair")
+    assert cfg.data.name == "naija" and cfg.skip_finished and cfg.tracking.experiment == "paper"
+    assert list(cfg.lr_study.freeze) == ["features", "head_only", "bitfit", "lora"]
+    assert cfg.lr_study.experiment == "fair-lr"
+    features = compose_cfg("experiment=fair", "freeze=features")
+    assert features.model.head == "bilstm" and features.freeze.all and features.freeze.embeddings
+
+    options, overrides = search.for_studies(["experiment=fair"])
+    assert options == ["features", "head_only", "bitfit", "lora"]
+    assert overrides == [
+        "experiment=fair", "lr_study.freeze=[]", "~hydra.sweeper.params.seed",
+        "~hydra.sweeper.params.freeze", "tracking.experiment=fair-lr",
+    ]  # fmt: skip
+    trial = search.compose_trial("lora", overrides, hydra=True)
+    assert dict(trial.hydra.sweeper.params) == {"trainer.lr": "tag(log, interval(1e-5, 1e-3))"}
+    assert search.for_studies(["freeze=bitfit"]) == (["bitfit"], ["lr_study.freeze=[]"])
+    assert search.for_studies(["experiment=fair", "lr_study.freeze=[lora]"])[0] == ["lora"]
+
+
+@pytest.mark.heavy
+def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_path, capsys):
+    overrides = [
+        *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
+        "data.max_train_sentences=48",
+    ]  # fmt: skip
+    # No study yet: one error naming the command, and no run.
+    proc = run_cli("experiment=fair", "freeze=features", "seed=1", *overrides)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    given = " ".join(o for o in overrides if not o.startswith("hydra."))  # Hydra's own aside
+    said = proc.stdout + proc.stderr
+    assert f"first: python -m ablate.search experiment=fair {given} freeze=features" in said
+    assert not logged_runs(store, "paper")
+
+    # The study: trials in fair-lr at the lrs the sampler proposes.
+    search_args = [*overrides, "experiment=fair", "freeze=features", "hydra.sweeper.n_trials=2"]
+    assert search.main(search_args) == 0
+    capsys.readouterr()
+    trials = logged_runs(store, "fair-lr")
+    assert len(trials) == 2 and {r.info.status for r in trials} == {"FINISHED"}
+    best = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
+    assert {float(r.data.params["trainer.lr"]) for r in trials} != {5e-5}
+
+    grid = ["--multirun", "experiment=fair", "freeze=none,features", "seed=1", *overrides]
+    proc = run_cli(*grid)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {r.data.params["freeze.name"]: r for r in logged_runs(store, "paper")}
+    assert sorted(runs) == ["features", "none"]
+    features, none = runs["features"], runs["none"]
+    assert features.data.params["trainer.lr"] == best.data.params["trainer.lr"]
+    assert features.data.tags[TUNED_TAG] == best.info.run_id
+    assert features.data.tags[RECIPE_LR_TAG] == "5e-05"
+    assert none.data.params["trainer.lr"] == "5e-05" and TUNED_TAG not in none.data.tags
+    # The job folder says what ran (the grid's jobs: sweep/<n>; the trials': sweep/features/<n>).
+    saved = {
+        (c := OmegaConf.load(p)).freeze.name: c
+        for p in (tmp_path / "sweep").glob("*/.hydra/config.yaml")
+    }
+    assert saved["features"].trainer.lr == float(best.data.params["trainer.lr"])
+
+    # A rerun finds both finished, the tuned one at its tuned lr.
+    proc = run_cli(*grid)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and said.count("skip_finished: identical") == 2, said[-3000:]
+    assert len(logged_runs(store, "paper")) == 2
+
+    # One comparison: the head and the tuned lr are the strategy's own, not other settings.
+    rep = report.make_report("paper", store)
+    assert rep.summary.panel.nunique() == 1
+    assert not [n for n in rep.notes if "different settings" in n]
+    row = rep.summary.set_index("strategy").loc["features"]
+    assert row.lr == float(best.data.params["trainer.lr"]) and row.lr_from == "its lr study"
+    assert rep.summary.set_index("strategy").loc["none"].lr_from == "the recipe"
