@@ -59,7 +59,7 @@ lr-search: $(STAMP) ## a fair lr per freeze option: one Optuna study each, then 
 bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio table in reports/bench/ and MLflow (ARGS="--epochs 1 ...")
 	$(PY) benchmarks/bench.py --uri "$(TRACKING_URI)" $(ARGS)
 
-report: $(STAMP) ## comparison report of the latest sweep: charts, summary.md, summary.csv in reports/ (ARGS="--all", ARGS="--sweep multirun/...")
+report: $(STAMP) ## comparison report of the latest sweep: charts, summary.md, summary.csv, runs.csv in reports/ (ARGS="--all", ARGS="--sweep multirun/...")
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
 
 notebook: $(STAMP) ## the report inline: notebooks/compare.ipynb in JupyterLab (installs the notebook extra once)

@@ -92,9 +92,14 @@ def mean(xs) -> float:
 
 
 def test_cli_writes_every_chart_and_both_tables(cli):
-    for name in [*CHART_FILES, "summary.md", "summary.csv"]:
+    for name in [*CHART_FILES, "summary.md", "summary.csv", "runs.csv"]:
         path = cli.out / name
         assert path.is_file() and path.stat().st_size > 0, name
+    used = pd.read_csv(cli.out / "runs.csv")
+    assert sorted(zip(used.freeze, used.seed, strict=True)) == [
+        ("all", 1), ("all", 2), ("none", 1), ("none", 2),
+    ]  # fmt: skip
+    assert used.git_commit.notna().all() and (used.lr == 5e-5).all() and not used.tuned.any()
     for name in CHART_FILES:
         assert (cli.out / name).read_bytes()[:8] == PNG_MAGIC
     md = (cli.out / "summary.md").read_text()
@@ -134,7 +139,7 @@ def test_summary_numbers_equal_logged_metrics(grid, cli):
         assert row.delta_dev_pt == pytest.approx(mean(diffs), abs=1e-12)
         # The markdown shows the same numbers, rounded.
         md = (cli.out / "summary.md").read_text()
-        assert f"| {strategy} | {mean(dev):.2f} ± {np.std(dev, ddof=1):.2f} | 2 |" in md
+        assert f"| {strategy} | 5e-05 | {mean(dev):.2f} ± {np.std(dev, ddof=1):.2f} | 2 |" in md
 
 
 def test_history_is_mlflow_metric_history(grid, rep):
@@ -305,7 +310,7 @@ def test_notebook_runs_headless_on_the_same_module(grid, monkeypatch, tmp_path):
     shown = "\n".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
     for strategy, runs in logged(grid).items():
         dev = mean([100 * r.data.metrics["dev_accuracy"] for r in runs])
-        assert f"| {strategy} | {dev:.2f} ± " in shown
+        assert f"| {strategy} | 5e-05 | {dev:.2f} ± " in shown
     assert "UD_Naija-Slice-first2-tiny-s1" in shown
     assert Path(outputs[-1].text.strip()) == Path(sys.executable)
     assert list(pd.read_csv(out / "summary.csv").strategy) == ["none", "all"]
@@ -376,3 +381,51 @@ def test_charts_of_a_one_epoch_one_seed_grid_of_every_strategy_are_readable(grid
             ticks = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
             assert ticks == ["1"]
         plt.close(fig)
+
+
+def test_the_results_pages_blocks_read_the_reports_files(cli):
+    from ablate import docs
+
+    summary = pd.read_csv(cli.out / "summary.csv").set_index("strategy")
+    path = str(cli.out / "summary.csv")
+    table = docs.results_table(path, rerun=True).splitlines()
+    (row,) = [line for line in table if line.startswith("| `all` |")]
+    all_ = summary.loc["all"]
+    assert f"| {all_.dev_mean_pct:.2f} ± {all_.dev_std_pct:.2f} |" in row
+    assert row.endswith("| 2 | `python -m ablate.train --multirun experiment=paper "
+                        "data=UD_Naija-Slice freeze=all` |")  # fmt: skip
+    findings = docs.results_findings(path)
+    assert f"{summary.loc['none'].dev_mean_pct:.2f} ± " in findings
+    assert (
+        f"- `all` trains {all_.param_savings_pct:.0f} % fewer parameters in "
+        f"{all_.time_savings_pct:.0f} % less training time, and scores "
+        f"{all_.delta_dev_pt:+.2f} points of dev accuracy" in findings
+    )
+    commit = pd.read_csv(cli.out / "runs.csv").git_commit.iloc[0][:7]
+    assert docs.results_provenance(path).startswith("4 runs (all, none; seeds 1, 2), started ")
+    assert f"from commit {commit};" in docs.results_provenance(path)
+
+
+def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(grid):
+    runs = report.load_runs("ablate", grid.store, status="FINISHED")
+    df = runs.runs.copy()
+    busy = (df.freeze == "none") & (df.seed == 1) | (df.freeze == "all")
+    df.loc[busy, "load_per_cpu"] = 3.0
+    df.loc[~busy, "load_per_cpu"] = 0.5
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    s = rep.summary.set_index("strategy")
+    calm = df[(df.freeze == "none") & (df.seed == 2)].train_time_s.iloc[0]
+    assert s.loc["none"].train_time_s == pytest.approx(calm) and s.loc["none"].timed_seeds == "2"
+    assert s.loc["none"].n == 2  # its accuracy still counts both seeds
+    all_time = df[df.freeze == "all"].train_time_s.mean()  # every seed loaded: all of them, marked
+    assert s.loc["all"].train_time_s == pytest.approx(all_time)
+    assert s.loc["all"].time_savings_pct == pytest.approx(100 * (1 - all_time / calm))
+    (note,) = [n for n in rep.notes if "loaded machine" in n]
+    assert "none seed 1" in note and "all seed 1" in note and "none seed 2" not in note
+    times = report.table(rep).set_index("strategy")["train time (s)"]
+    assert times["all"].endswith(" *") and not times["none"].endswith("*")
+    # the chart's seed dots are the runs its bars average
+    fig = charts.train_time(rep)
+    dots = [float(y) for c in fig.axes[0].collections for _, y in c.get_offsets()]
+    loaded = df[(df.freeze == "none") & (df.seed == 1)].train_time_s.iloc[0]
+    assert calm in dots and loaded not in dots and len(dots) == 3

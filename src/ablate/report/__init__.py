@@ -2,9 +2,9 @@
 
 ``load_runs`` reads an experiment into tidy tables (``load``); ``build`` turns them into a summary
 per dataset with intervals vs the ``none`` baseline and lists every run it leaves out
-(``summary``, ``stats``); ``write`` saves ``summary.csv``, ``summary.md`` and one PNG per chart
-(``render``, ``charts``). ``notebooks/compare.ipynb`` calls the same functions; ``lrsearch`` is the
-learning-rate search's table. Imports nothing of the training code.
+(``summary``, ``stats``); ``write`` saves ``summary.csv``, ``summary.md``, ``runs.csv`` and one
+PNG per chart (``render``, ``charts``). ``notebooks/compare.ipynb`` calls the same functions;
+``lrsearch`` is the learning-rate search's table. Imports nothing of the training code.
 """
 
 from ablate.report.load import Runs, load_runs

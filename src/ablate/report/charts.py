@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
-from ablate.report.summary import STRATEGY_ORDER, Report
+from ablate.report.summary import STRATEGY_ORDER, Report, unloaded
 
 BASELINE_COLOR = "#222222"
 PANEL_W, PANEL_H = 5.6, 4.2
@@ -221,7 +221,9 @@ def train_time(report: Report):
         for col, panel in enumerate(_panels(report)):
             top, bottom = axes[0, col], axes[1, col]
             s = report.summary[report.summary.panel == panel].reset_index(drop=True)
+            # the runs whose times the bars average (loaded ones left out where there are others)
             runs = report.runs[report.runs.panel == panel]
+            runs = pd.concat([unloaded(cell) for _, cell in runs.groupby("freeze")])
             order, colours = list(s.strategy), palette(s.strategy)
             sns.barplot(
                 data=s, x="strategy", y="train_time_s", order=order, hue="strategy",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablate.config import default_tracking_uri
+from ablate.config import RECIPE_LR_TAG, TUNED_TAG, default_tracking_uri
 from ablate.errors import AblateError
 from ablate.tracking.history import latest_per_step
 
@@ -69,6 +69,13 @@ def _as_set(value: str | Sequence[str] | None) -> set[str] | None:
 def _int(value: str | None) -> int | None:
     try:
         return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value)
     except (TypeError, ValueError):
         return None
 
@@ -183,6 +190,9 @@ def load_runs(
                 "test": m.get(f"test_{name}"),
                 **{col: m.get(key) for col, key in _RUN_METRICS.items()},
                 "epochs": _int(p.get("trainer.epochs")),
+                "lr": _float(p.get("trainer.lr")),
+                "tuned": TUNED_TAG in tags,  # at the lr its strategy's study picked
+                "recipe_lr": tags.get(RECIPE_LR_TAG),  # the lr that one replaced
                 "wall_s": (r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else None,
                 "sweep_dir": tags.get("hydra.sweep_dir"),
                 "job_num": _int(tags.get("hydra.job_num")),
@@ -222,7 +232,7 @@ def load_runs(
 _RUN_COLUMNS = [
     "run_id", "run_name", "status", "start_time", "data", "model", "freeze", "seed", "task",
     "items", "metric", "dev", "best_dev", "test", *_RUN_METRICS, "train_time_s", "epochs",
-    "wall_s", "sweep_dir", "job_num", "git_commit", "error",
+    "lr", "tuned", "recipe_lr", "wall_s", "sweep_dir", "job_num", "git_commit", "error",
 ]  # fmt: skip
 _HISTORY_COLUMNS = ["run_id", "data", "model", "freeze", "seed", "key", "epoch", "value"]
 

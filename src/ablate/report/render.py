@@ -1,5 +1,5 @@
 """The report as people read it: ``summary.md`` (a table per dataset, how intervals were made,
-the runs left out), ``summary.csv`` and one PNG per chart (``write``)."""
+the runs left out), ``summary.csv``, ``runs.csv`` and one PNG per chart (``write``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ from ablate.report.stats import N_BOOT
 from ablate.report.summary import LOADED, Report
 
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
+# runs.csv: each run behind the summary, where it came from (its commit) and what it measured.
+RUN_COLUMNS = [
+    "panel", "run_id", "run_name", "data", "model", "freeze", "seed", "lr", "tuned", "dev",
+    "test", "train_time_s", "wall_s", "load_per_cpu", "start_time", "git_commit",
+]  # fmt: skip
 
 
 def _num(x: float, digits: int = 2, sign: bool = False) -> str:
@@ -24,6 +29,12 @@ def _num(x: float, digits: int = 2, sign: bool = False) -> str:
 
 def _params(m: float) -> str:
     return f"{m:.1f}" if m >= 100 else f"{m:.2f}" if m >= 1 else f"{m:.3g}"
+
+
+def _lr(lr: float, source: str) -> str:
+    if lr is None or math.isnan(lr):
+        return "–"
+    return f"{lr:.2g}" + (" (its study's)" if source == "its lr study" else "")
 
 
 def table(report: Report, panel: str | None = None) -> pd.DataFrame:
@@ -46,6 +57,7 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
             {
                 "dataset": r.panel,
                 "strategy": r.strategy,
+                "lr": _lr(r.lr, r.lr_from),
                 f"dev {r.metric} (%)": dev,
                 "n": r.n,
                 f"test {r.metric} (%)": _num(r.test_mean_pct)
@@ -79,7 +91,7 @@ def tables(report: Report) -> str:
     parts = []
     for panel in report.summary.panel.unique():
         t = table(report, panel).drop(columns=["dataset", "interval"])
-        numeric = [c for c in t.columns if c != "strategy"]
+        numeric = [c for c in t.columns if c not in ("strategy", "lr")]
         parts += [f"{panel}:", _md_table(t, right=numeric), ""]
     return "\n".join(parts)
 
@@ -99,7 +111,7 @@ def markdown(report: Report, charts: bool = True) -> str:
     ]
     for panel in report.summary.panel.unique():
         t = table(report, panel).drop(columns="dataset")
-        numeric = [c for c in t.columns if c not in ("strategy", "interval")]
+        numeric = [c for c in t.columns if c not in ("strategy", "lr", "interval")]
         lines += [f"## {panel}", "", _md_table(t, right=numeric), ""]
     lines += [
         "Metric values are the final model's (last epoch; with early stopping, the restored best "
@@ -108,13 +120,17 @@ def markdown(report: Report, charts: bool = True) -> str:
         "after each epoch; the Trainer's runtime, which includes it, is `trainer_runtime_s` in "
         "summary.csv, and wall time is the whole run's. Train FLOPs counts the training "
         "FLOPs actually executed (padding included): machine-independent, unlike the times, "
-        "which depend on the machine and on what else ran on it (a * marks times measured on a "
-        f"loaded machine). Δ vs `{report.baseline}` is paired by seed: a t-interval of the "
+        "which depend on the machine and on what else ran on it: they leave out runs measured "
+        "on a loaded machine where the strategy has others (`timed_seeds` in summary.csv), and "
+        f"a * marks times that only loaded runs measured. Δ vs `{report.baseline}` is paired by "
+        "seed: a t-interval of the "
         "per-seed differences with 3 or more seeds, otherwise a percentile bootstrap over dev "
         f"items (words or sentences; {N_BOOT} resamples, fixed RNG seed) when the runs logged "
         "their dev predictions; "
         "that bootstrap covers the choice of dev sentences, not seed-to-seed variation (the ± std "
-        "shows that): run 3 or more seeds for an interval over seeds.",
+        "shows that): run 3 or more seeds for an interval over seeds. The lr is the recipe's "
+        "(`trainer.lr`) unless marked as picked on dev by the strategy's own lr study "
+        "(`lr_study`, `python -m ablate.search`).",
         "",
     ]
     if report.notes:
@@ -138,7 +154,8 @@ def default_out_dir() -> Path:
 
 
 def write(report: Report, out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Write ``summary.csv``, ``summary.md`` and one PNG per chart; return their paths by name."""
+    """Write ``summary.csv``, ``summary.md``, ``runs.csv`` (the runs used) and one PNG per chart;
+    return their paths by name."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no window, whatever the environment's default
@@ -148,8 +165,9 @@ def write(report: Report, out_dir: str | Path | None = None) -> dict[str, Path]:
 
     out = Path(out_dir) if out_dir else default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"summary.csv": out / "summary.csv", "summary.md": out / "summary.md"}
+    paths = {n: out / n for n in ("summary.csv", "summary.md", "runs.csv")}
     report.summary.to_csv(paths["summary.csv"], index=False)
+    report.runs.reindex(columns=RUN_COLUMNS).to_csv(paths["runs.csv"], index=False)
     for name in CHARTS:
         fig = getattr(charts, name)(report)
         paths[name] = out / f"{name}.png"

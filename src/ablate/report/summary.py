@@ -8,6 +8,7 @@ result beyond seed noise, from ``ablate.speed.registry``).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
 from ablate import config
 from ablate.config import default_tracking_uri
@@ -25,7 +27,7 @@ from ablate.report.stats import N_BOOT, Predictions, bootstrap_interval, t_inter
 BASELINE = "none"
 # Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
 STRATEGY_ORDER = (
-    "none", "embeddings", "first2", "first4", "alt", "last2", "all", "head_only",
+    "none", "embeddings", "first2", "first4", "alt", "last2", "all", "features", "head_only",
     "bitfit", "lora", "lora_qkv", "llrd", "gradual",
 )  # fmt: skip
 _EXCLUDED_COLUMNS = ["run_name", "data", "model", "freeze", "seed", "status", "reason"]
@@ -60,7 +62,41 @@ def settings(params: dict[str, str]) -> dict[str, str]:
     beyond seed noise): runs of one strategy with equal settings are its seeds. The strategy's
     own ``freeze.*`` keys stay: a variant of a strategy is not one of its seeds."""
     setting = config.flags("setting")
-    return {k: v for k, v in params.items() if k not in ("seed", "freeze") and setting.get(k, True)}
+
+    def is_setting(key: str) -> bool:  # a key inside a dict-valued key (tracking.tags.x) is its
+        while key not in setting and "." in key:
+            key = key.rsplit(".", 1)[0]
+        return setting.get(key, True)
+
+    return {k: v for k, v in params.items() if k not in ("seed", "freeze") and is_setting(k)}
+
+
+@functools.cache
+def option_keys(freeze: str) -> frozenset[str]:
+    """Keys outside ``freeze.*`` that the freeze option's own file sets (``conf/freeze``; a
+    ``# @package _global_`` option such as ``features`` brings its head)."""
+    path = config.conf_dir() / "freeze" / f"{freeze}.yaml"
+    if not path.is_file() or "@package _global_" not in path.read_text(encoding="utf-8"):
+        return frozenset()
+    tree = OmegaConf.to_container(OmegaConf.load(path))
+    keys = pd.json_normalize({k: v for k, v in tree.items() if k not in ("defaults", "freeze")})
+    return frozenset(keys.columns)
+
+
+def compared(
+    params: dict[str, str], strategies: Iterable[str], recipe_lr: str | None
+) -> dict[str, str]:
+    """A run's settings as compared with the runs of other ``strategies``: without the keys
+    that are a strategy's own (``freeze.*``, and what any of their option files sets: a
+    ``features`` run's head differs from the others' by design), and with the recipe's lr where
+    the run's own lr study picked the lr (``recipe_lr``)."""
+    own = frozenset().union(*map(option_keys, set(strategies)))
+    out = {
+        k: v for k, v in settings(params).items() if not k.startswith("freeze.") and k not in own
+    }
+    if isinstance(recipe_lr, str):
+        out["trainer.lr"] = recipe_lr
+    return out
 
 
 def _diff(a: dict[str, str], b: dict[str, str]) -> str:
@@ -99,8 +135,7 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     # the strategy's own keys): one table per group, never a mean across groups.
     ok = df[~df.run_id.isin(reasons)]
     shared = {
-        r: {k: v for k, v in settings(runs.params[r]).items() if not k.startswith("freeze.")}
-        for r in ok.run_id
+        r.run_id: compared(runs.params[r.run_id], ok.freeze, r.recipe_lr) for r in ok.itertuples()
     }
     labels = _group_labels(shared)
     df["group"] = df.run_id.map(lambda r: labels.get(json.dumps(shared.get(r), sort_keys=True)))
@@ -145,10 +180,18 @@ def _panels(df: pd.DataFrame) -> pd.Series:
     return panel.where(~grouped, panel + " · " + df.group.fillna(""))
 
 
+def unloaded(cell: pd.DataFrame) -> pd.DataFrame:
+    """The runs of ``cell`` whose times count: those not measured on a loaded machine (load not
+    recorded counts as not loaded), or all of them when every one was."""
+    calm = cell[~(cell.load_per_cpu > LOADED)]
+    return calm if len(calm) else cell
+
+
 def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot: dict) -> dict:
     """The summary row of one strategy (``cell``: its runs, one per seed)."""
     dev, test = cell.dev * 100, cell.test * 100
     n = len(cell)
+    timed = unloaded(cell)
     # A mean of per-item correctness is an accuracy: the bootstrap over dev items (words or
     # sentences) estimates only that, not an F1.
     per_item = cell.metric.iloc[0] == "accuracy"
@@ -169,15 +212,18 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot
         "best_dev_mean_pct": (cell.best_dev * 100).mean(),
         "test_mean_pct": test.mean(),
         "test_std_pct": test.std(ddof=1) if n > 1 else math.nan,
+        "lr": cell.lr.iloc[-1],
+        "lr_from": "its lr study" if cell.tuned.all() else "the recipe",
         "trainable_params_m": cell.trainable_params.mean() / 1e6,
         "total_params_m": cell.total_params.mean() / 1e6,
-        "train_time_s": cell.train_time_s.mean(skipna=False),
-        "train_time_s_std": cell.train_time_s.std(ddof=1) if n > 1 else math.nan,
-        "trainer_runtime_s": cell.trainer_runtime_s.mean(),
-        "wall_s": cell.wall_s.mean(),
+        "train_time_s": timed.train_time_s.mean(skipna=False),
+        "train_time_s_std": timed.train_time_s.std(ddof=1) if len(timed) > 1 else math.nan,
+        "timed_seeds": ",".join(str(s) for s in sorted(timed.seed)),
+        "trainer_runtime_s": timed.trainer_runtime_s.mean(),
+        "wall_s": timed.wall_s.mean(),
         "peak_rss_mb": cell.peak_rss_mb.mean(),
         "train_flops": cell.train_flops.mean(),
-        "load_per_cpu": cell.load_per_cpu.max(),
+        "load_per_cpu": timed.load_per_cpu.max(),
     }
     if n >= 3:
         _, lo, hi = t_interval(dev)
@@ -192,8 +238,12 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot
     delta["delta_method"] = "no baseline run"
     if base is not None and len(base):
         b = base.set_index("seed")
-        for col, ours in (("param", "trainable_params"), ("time", "train_time_s")):
-            delta[f"{col}_savings_pct"] = 100 * (1 - cell[ours].mean() / b[ours].mean())
+        delta["param_savings_pct"] = 100 * (
+            1 - cell.trainable_params.mean() / b.trainable_params.mean()
+        )
+        delta["time_savings_pct"] = 100 * (
+            1 - timed.train_time_s.mean() / unloaded(base).train_time_s.mean()
+        )
         paired = cell[cell.seed.isin(b.index)]
         diffs = (paired.dev.to_numpy() - b.loc[paired.seed, "dev"].to_numpy()) * 100
         if cell.run_id.isin(base.run_id).all():
@@ -225,11 +275,11 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot
 
 
 _SUMMARY_COLUMNS = [
-    "panel", "data", "model", "strategy", "metric", "n", "seeds",
+    "panel", "data", "model", "strategy", "metric", "n", "seeds", "lr", "lr_from",
     "dev_mean_pct", "dev_std_pct", "dev_ci_low_pct", "dev_ci_high_pct", "dev_ci_method",
     "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
     "trainable_params_m", "total_params_m", "param_savings_pct",
-    "train_time_s", "train_time_s_std", "time_savings_pct", "trainer_runtime_s",
+    "train_time_s", "train_time_s_std", "timed_seeds", "time_savings_pct", "trainer_runtime_s",
     "wall_s", "peak_rss_mb", "train_flops", "load_per_cpu",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
 ]  # fmt: skip
@@ -275,11 +325,12 @@ def build(
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
         loaded = group[group.load_per_cpu > LOADED]
         if len(loaded):
-            names = ", ".join(strategy_order(loaded.freeze))
+            which = ", ".join(f"{r.freeze} seed {r.seed}" for r in loaded.itertuples())
             notes.append(
-                f"{panel}: times marked * were measured on a loaded machine (up to "
-                f"{loaded.load_per_cpu.max():.1f} runnable threads per CPU; runs of {names}): "
-                f"compare them with care."
+                f"{panel}: runs measured on a loaded machine (up to "
+                f"{loaded.load_per_cpu.max():.1f} runnable threads per CPU): {which}. Their "
+                f"accuracy counts; their times count only where every seed of the strategy was "
+                f"loaded, and are marked *: compare those with care."
             )
         counts = group.groupby("freeze").size()
         if counts.nunique() > 1:
@@ -306,12 +357,10 @@ def build(
 
 def _differing_settings(group: pd.DataFrame, params: dict[str, dict[str, str]]) -> str:
     """Settings that differ between the strategies of one panel, e.g. runs from two grids; each
-    strategy's own ``freeze.*`` keys differ by design and are not named."""
-    by_strategy = {
-        s: settings(params[group[group.freeze == s].run_id.iloc[-1]])
-        for s in strategy_order(group.freeze)
-    }
-    keys = {k for p in by_strategy.values() for k in p if not k.startswith("freeze.")}
+    strategy's own keys (``compared``) differ by design and are not named."""
+    latest = {s: group[group.freeze == s].iloc[-1] for s in strategy_order(group.freeze)}
+    by_strategy = {s: compared(params[r.run_id], latest, r.recipe_lr) for s, r in latest.items()}
+    keys = {k for p in by_strategy.values() for k in p}
     parts = []
     for key in sorted(keys):
         values = {s: p.get(key, "-") for s, p in by_strategy.items()}
