@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from ablate import config
 from ablate.config import conf_dir, project_root
 from ablate.speed import registry
 
-FILES = ("README.md", "docs/config.md", "docs/speed.md")
+FILES = ("README.md", "docs/config.md", "docs/speed.md", "docs/results/README.md")
 
 
 def _first_comment(path: Path) -> str:
@@ -27,12 +28,6 @@ def _first_comment(path: Path) -> str:
         if line.startswith("#") and not line.startswith("# @package"):
             return line.lstrip("# ").strip()
     return ""
-
-
-# Variants worth a row of their own: (option, extra overrides, what they change).
-VARIANTS = [
-    ("all", ["model.head=bilstm"], "As `all`, with a BiLSTM head between encoder and classifier."),
-]
 
 
 def freeze_table(model: str = "minilm") -> str:
@@ -45,17 +40,14 @@ def freeze_table(model: str = "minilm") -> str:
     rows = []
     pos = tasks.get("pos")
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cases = [
-            (p.stem, [], _first_comment(p)) for p in sorted((conf_dir() / "freeze").glob("*.yaml"))
-        ]
-        for option, extra, what in cases + VARIANTS:
-            cfg = compose("train", overrides=[f"model={model}", f"freeze={option}", *extra])
+        for path in sorted((conf_dir() / "freeze").glob("*.yaml")):
+            option, what = path.stem, _first_comment(path)
+            cfg = compose("train", overrides=[f"model={model}", f"freeze={option}"])
             # A fresh model per option: strategies may wrap or change it.
             applied = strategies.apply(build(cfg.model, pos.model_class, pos.labels), cfg.freeze)
-            name = " ".join([f"freeze={option}", *extra])
             a = applied
             rows.append(
-                f"| `{name}` | {what} | {a.trainable_params:,} | {a.total_params:,} | "
+                f"| `freeze={option}` | {what} | {a.trainable_params:,} | {a.total_params:,} | "
                 f"{a.trainable_pct:.2f} % |"
             )
     header = (
@@ -137,27 +129,104 @@ def speed_switches() -> str:
 RESULTS = "docs/results/naija/summary.csv"  # the study's report (make report), see docs/results/
 
 
-def results_table(path: str = RESULTS) -> str:
-    """The README's showcase table, read from the published study's ``summary.csv``."""
+class NoResults(Exception):
+    """The published study's report is not there (yet)."""
+
+
+def _results(path: str) -> list[dict[str, str]]:
+    """The rows of a report's csv file; one panel only (one dataset and model)."""
     import csv
 
-    with (project_root() / path).open(encoding="utf-8") as f:
+    file = project_root() / path
+    if not file.is_file():
+        raise NoResults(f"_No published study yet: `{path}` is missing (see docs/results/)._")
+    with file.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
+    if len({r["panel"] for r in rows}) > 1:
+        raise ValueError(f"{path}: more than one panel; make the report with --data <one>")
+    return rows
 
-    def pct(row: dict, key: str) -> str:
-        std = row[f"{key}_std_pct"]
-        return f"{float(row[f'{key}_mean_pct']):.2f}" + (f" ± {float(std):.2f}" if std else "")
 
+def _pct(row: dict, key: str) -> str:
+    std = row[f"{key}_std_pct"]
+    return f"{float(row[f'{key}_mean_pct']):.2f}" + (f" ± {float(std):.2f}" if std else "")
+
+
+def _rerun(row: dict) -> str:
+    """The command that reruns a summary row's cell (every seed of it)."""
+    fair = OmegaConf.load(conf_dir() / "experiment" / "fair.yaml").lr_study.freeze
+    s = row["strategy"]
+    preset = "experiment=fair" if s in fair else f"experiment=paper data={row['data']}"
+    return f"`python -m ablate.train --multirun {preset} freeze={s}`"
+
+
+def results_table(path: str = RESULTS, rerun: bool = False) -> str:
+    """The published study's summary (``summary.csv`` of its report) as a table; ``rerun``: each
+    row with the command that reruns it."""
     lines = [
-        "| strategy | dev accuracy (%) | test accuracy (%) | trainable params (M) | "
-        "train time (s) | seeds |",
-        "|---|--:|--:|--:|--:|--:|",
+        "| strategy | lr | dev accuracy (%) | test accuracy (%) | trainable params (M) | "
+        "train time (s) | seeds |" + (" rerun it |" if rerun else ""),
+        "|---|--:|--:|--:|--:|--:|--:|" + ("---|" if rerun else ""),
     ]
-    for row in rows:
+    for row in _results(path):
+        lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == "its lr study" else "")
         lines.append(
-            f"| `{row['strategy']}` | {pct(row, 'dev')} | {pct(row, 'test')} | "
+            f"| `{row['strategy']}` | {lr} | {_pct(row, 'dev')} | {_pct(row, 'test')} | "
             f"{float(row['trainable_params_m']):.2f} | {float(row['train_time_s']):.0f} | "
-            f"{row['n']} |"
+            f"{row['n']} |" + (f" {_rerun(row)} |" if rerun else "")
+        )
+    return "\n".join(lines)
+
+
+def results_provenance(path: str = RESULTS) -> str:
+    """Which runs the published study's report used: how many, when, from which commit
+    (its ``runs.csv``)."""
+    runs = _results(str(Path(path).with_name("runs.csv")))
+    commits = sorted({r["git_commit"][:7] for r in runs if r["git_commit"]})
+    starts = sorted(r["start_time"][:16] for r in runs)
+    seeds = sorted({int(r["seed"]) for r in runs})
+    return (
+        f"{len(runs)} runs ({', '.join(sorted({r['freeze'] for r in runs}))}; seeds "
+        f"{', '.join(map(str, seeds))}), started {starts[0]} to {starts[-1]} "
+        f"UTC, from commit {', '.join(commits) or 'unknown'}; each run by id in "
+        f"[runs.csv]({Path(path).parent.name}/runs.csv)."
+    )
+
+
+def results_findings(path: str = RESULTS) -> str:
+    """What the published study's numbers say, a sentence per strategy against full
+    fine-tuning, computed from its ``summary.csv``."""
+    rows = _results(path)
+    base = next((r for r in rows if r["delta_method"] == "baseline"), None)
+    if base is None:
+        return "No full fine-tuning (`none`) run: nothing to compare against."
+    lines = [
+        f"- Full fine-tuning (`{base['strategy']}`) reaches {_pct(base, 'dev')} % dev and "
+        f"{_pct(base, 'test')} % test accuracy over seeds {base['seeds']}, training for "
+        f"{float(base['train_time_s']):.0f} s."
+    ]
+    close = []
+    for r in rows:
+        if r is base or not r["delta_dev_pt"]:
+            continue
+        delta = float(r["delta_dev_pt"])
+        ci = ""
+        if r["delta_ci_low_pt"]:
+            low, high = float(r["delta_ci_low_pt"]), float(r["delta_ci_high_pt"])
+            ci = f" (95 % CI {low:+.2f} to {high:+.2f})"
+        lr = " at the lr its own study picked" if r["lr_from"] == "its lr study" else ""
+        lines.append(
+            f"- `{r['strategy']}`{lr} trains {float(r['param_savings_pct']):.0f} % fewer "
+            f"parameters in {float(r['time_savings_pct']):.0f} % less training time, and scores "
+            f"{delta:+.2f} points of dev accuracy{ci}."
+        )
+        if delta > -0.5:
+            close.append((float(r["time_savings_pct"]), r["strategy"]))
+    if close:
+        saving, name = max(close)
+        lines.append(
+            f"- Within half a point of full fine-tuning, `{name}` saves the most training time "
+            f"({saving:.0f} %)."
         )
     return "\n".join(lines)
 
@@ -169,6 +238,9 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "config-keys": config_keys,
     "speed-switches": speed_switches,
     "results-table": results_table,
+    "results-reruns": functools.partial(results_table, rerun=True),
+    "results-findings": results_findings,
+    "results-provenance": results_provenance,
 }
 
 
@@ -177,7 +249,10 @@ def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
     for name, fn in blocks.items():
         pattern = re.compile(rf"(<!-- {name}:start -->\n)(?:.*?\n)?(<!-- {name}:end -->)", re.S)
         if pattern.search(text):
-            content = fn()
+            try:
+                content = fn()
+            except NoResults as missing:
+                content = str(missing)
             text = pattern.sub(lambda m, c=content: f"{m[1]}{c}\n{m[2]}", text)
     return text
 
