@@ -70,15 +70,14 @@ def best(study: Study) -> Best:
         return Best(study, 0, None, None, None)
     latest = _recipe(scored[-1])
     same = [r for r in scored if _recipe(r) == latest]
+    return _top(study, same, len(scored) - len(same))
+
+
+def _top(study: Study, same: list, other_settings: int = 0) -> Best:
+    """The best of ``study``'s finished trials ``same`` (those run with equal settings)."""
     top = max(same, key=lambda r: r.data.metrics[study.metric])
-    return Best(
-        study,
-        len(same),
-        float(top.data.params["trainer.lr"]),
-        top.data.metrics[study.metric],
-        top.info.run_id,
-        len(scored) - len(same),
-    )
+    lr, value = float(top.data.params["trainer.lr"]), top.data.metrics[study.metric]
+    return Best(study, len(same), lr, value, top.info.run_id, other_settings)
 
 
 def all_studies(template: Study) -> list[Study]:
@@ -150,7 +149,5 @@ def tuned_lr(cfg: DictConfig, command: str) -> Best:
             f"but experiment {experiment!r} in {cfg.tracking.uri} holds no finished trial of it "
             f"with these settings{near}; run the study first: {command}"
         )
-    top = max(same, key=lambda r: r.data.metrics[metric])
-    study = Study(cfg.freeze.name, top.data.tags["study"], cfg.tracking.uri, experiment, metric)
-    value = top.data.metrics[metric]
-    return Best(study, len(same), float(top.data.params["trainer.lr"]), value, top.info.run_id)
+    name = same[0].data.tags["study"]  # equal settings: one study's trials
+    return _top(Study(cfg.freeze.name, name, cfg.tracking.uri, experiment, metric), same)
