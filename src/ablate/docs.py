@@ -18,6 +18,7 @@ from omegaconf import MISSING, OmegaConf
 
 from ablate import config
 from ablate.config import conf_dir, project_root
+from ablate.report.summary import LR_FROM_STUDY
 from ablate.speed import registry
 
 FILES = ("README.md", "docs/config.md", "docs/speed.md", "docs/results/README.md")
@@ -169,7 +170,7 @@ def results_table(path: str = RESULTS, rerun: bool = False) -> str:
         "|---|--:|--:|--:|--:|--:|--:|" + ("---|" if rerun else ""),
     ]
     for row in _results(path):
-        lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == "its lr study" else "")
+        lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == LR_FROM_STUDY else "")
         lines.append(
             f"| `{row['strategy']}` | {lr} | {_pct(row, 'dev')} | {_pct(row, 'test')} | "
             f"{float(row['trainable_params_m']):.2f} | {float(row['train_time_s']):.0f} | "
@@ -214,7 +215,7 @@ def results_findings(path: str = RESULTS) -> str:
         if r["delta_ci_low_pt"]:
             low, high = float(r["delta_ci_low_pt"]), float(r["delta_ci_high_pt"])
             ci = f" (95 % CI {low:+.2f} to {high:+.2f})"
-        lr = " at the lr its own study picked" if r["lr_from"] == "its lr study" else ""
+        lr = " at the lr its own study picked" if r["lr_from"] == LR_FROM_STUDY else ""
         lines.append(
             f"- `{r['strategy']}`{lr} trains {float(r['param_savings_pct']):.0f} % fewer "
             f"parameters in {float(r['time_savings_pct']):.0f} % less training time, and scores "

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ablate.config import project_root
 from ablate.report.stats import N_BOOT
-from ablate.report.summary import LOADED, Report
+from ablate.report.summary import LOADED, LR_FROM_STUDY, Report
 
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
 # runs.csv: each run behind the summary, where it came from (its commit) and what it measured.
@@ -34,7 +34,7 @@ def _params(m: float) -> str:
 def _lr(lr: float, source: str) -> str:
     if lr is None or math.isnan(lr):
         return "–"
-    return f"{lr:.2g}" + (" (its study's)" if source == "its lr study" else "")
+    return f"{lr:.2g}" + (" (its study's)" if source == LR_FROM_STUDY else "")
 
 
 def table(report: Report, panel: str | None = None) -> pd.DataFrame:

@@ -25,6 +25,8 @@ from ablate.report.load import Runs, load_runs
 from ablate.report.stats import N_BOOT, Predictions, bootstrap_interval, t_interval
 
 BASELINE = "none"
+# summary.csv's lr_from where every run of a strategy trained at its own study's lr.
+LR_FROM_STUDY = "its lr study"
 # Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
 STRATEGY_ORDER = (
     "none", "embeddings", "first2", "first4", "alt", "last2", "all", "features", "head_only",
@@ -213,7 +215,7 @@ def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot
         "test_mean_pct": test.mean(),
         "test_std_pct": test.std(ddof=1) if n > 1 else math.nan,
         "lr": cell.lr.iloc[-1],
-        "lr_from": "its lr study" if cell.tuned.all() else "the recipe",
+        "lr_from": LR_FROM_STUDY if cell.tuned.all() else "the recipe",
         "trainable_params_m": cell.trainable_params.mean() / 1e6,
         "total_params_m": cell.total_params.mean() / 1e6,
         "train_time_s": timed.train_time_s.mean(skipna=False),
