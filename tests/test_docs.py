@@ -44,3 +44,14 @@ def test_every_makefile_target_is_documented():
     listed = docs.make_help()
     for target in ("help", "setup", "run", "test", "lint", "sweep", "ui", "clean"):
         assert f"`make {target}`" in listed
+
+
+def test_a_block_names_the_study_it_reads():
+    plain = "<!-- results-table:start -->\n<!-- results-table:end -->\n"
+    name = f"results-table {docs.RESULTS}"
+    named = f"<!-- {name}:start -->\nstale\n<!-- {name}:end -->\n"
+    assert docs.render(named).splitlines()[1:-1] == docs.render(plain).splitlines()[1:-1]
+    missing = docs.render(
+        "<!-- results-findings nowhere:start -->\n<!-- results-findings nowhere:end -->\n"
+    )
+    assert "`docs/results/nowhere/summary.csv` is missing" in missing

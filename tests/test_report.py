@@ -387,7 +387,7 @@ def test_the_results_pages_blocks_read_the_reports_files(cli):
     from ablate import docs
 
     summary = pd.read_csv(cli.out / "summary.csv").set_index("strategy")
-    path = str(cli.out / "summary.csv")
+    path = str(cli.out)
     table = docs.results_table(path, rerun=True).splitlines()
     (row,) = [line for line in table if line.startswith("| `all` |")]
     all_ = summary.loc["all"]

@@ -127,18 +127,25 @@ def speed_switches() -> str:
     return "\n".join(rows)
 
 
-RESULTS = "docs/results/naija/summary.csv"  # the study's report (make report), see docs/results/
+RESULTS = "naija"  # the README's study: docs/results/<name>/, a report made by make report
 
 
 class NoResults(Exception):
     """The published study's report is not there (yet)."""
 
 
-def _results(path: str) -> list[dict[str, str]]:
-    """The rows of a report's csv file; one panel only (one dataset and model)."""
+def _dir(study: str) -> Path:
+    """A published report's folder: ``docs/results/<study>``, or ``study`` where it is one."""
+    return Path(study) if Path(study).is_absolute() else project_root() / "docs" / "results" / study
+
+
+def _csv(study: str, name: str = "summary.csv") -> list[dict[str, str]]:
+    """The rows of a published report's csv file (``summary.csv``, ``runs.csv``); one panel only
+    (one dataset and model)."""
     import csv
 
-    file = project_root() / path
+    file = _dir(study) / name
+    path = file.relative_to(project_root()) if file.is_relative_to(project_root()) else file
     if not file.is_file():
         raise NoResults(f"_No published study yet: `{path}` is missing (see docs/results/)._")
     with file.open(encoding="utf-8") as f:
@@ -161,7 +168,7 @@ def _rerun(row: dict) -> str:
     return f"`python -m ablate.train --multirun {preset} freeze={s}`"
 
 
-def results_table(path: str = RESULTS, rerun: bool = False) -> str:
+def results_table(study: str = RESULTS, rerun: bool = False) -> str:
     """The published study's summary (``summary.csv`` of its report) as a table; ``rerun``: each
     row with the command that reruns it."""
     lines = [
@@ -169,7 +176,7 @@ def results_table(path: str = RESULTS, rerun: bool = False) -> str:
         "train time (s) | seeds |" + (" rerun it |" if rerun else ""),
         "|---|--:|--:|--:|--:|--:|--:|" + ("---|" if rerun else ""),
     ]
-    for row in _results(path):
+    for row in _csv(study):
         lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == LR_FROM_STUDY else "")
         lines.append(
             f"| `{row['strategy']}` | {lr} | {_pct(row, 'dev')} | {_pct(row, 'test')} | "
@@ -179,10 +186,10 @@ def results_table(path: str = RESULTS, rerun: bool = False) -> str:
     return "\n".join(lines)
 
 
-def results_provenance(path: str = RESULTS) -> str:
+def results_provenance(study: str = RESULTS) -> str:
     """Which runs the published study's report used: how many, when, from which commit
     (its ``runs.csv``)."""
-    runs = _results(str(Path(path).with_name("runs.csv")))
+    runs = _csv(study, "runs.csv")
     commits = sorted({r["git_commit"][:7] for r in runs if r["git_commit"]})
     starts = sorted(r["start_time"][:16] for r in runs)
     seeds = sorted({int(r["seed"]) for r in runs})
@@ -190,14 +197,14 @@ def results_provenance(path: str = RESULTS) -> str:
         f"{len(runs)} runs ({', '.join(sorted({r['freeze'] for r in runs}))}; seeds "
         f"{', '.join(map(str, seeds))}), started {starts[0]} to {starts[-1]} "
         f"UTC, from commit {', '.join(commits) or 'unknown'}; each run by id in "
-        f"[runs.csv]({Path(path).parent.name}/runs.csv)."
+        f"[runs.csv]({_dir(study).name}/runs.csv)."
     )
 
 
-def results_findings(path: str = RESULTS) -> str:
+def results_findings(study: str = RESULTS) -> str:
     """What the published study's numbers say, a sentence per strategy against full
     fine-tuning, computed from its ``summary.csv``."""
-    rows = _results(path)
+    rows = _csv(study)
     base = next((r for r in rows if r["delta_method"] == "baseline"), None)
     if base is None:
         return "No full fine-tuning (`none`) run: nothing to compare against."
@@ -246,15 +253,22 @@ BLOCKS: dict[str, Callable[[], str]] = {
 
 
 def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
-    """``text`` with every known generated block replaced by its current content."""
+    """``text`` with every known generated block replaced by its current content. A block may
+    name an argument, ``<!-- results-table naija-fair:start -->``: the study it reads."""
+
+    def content(fn: Callable[..., str], arg: str | None) -> str:
+        try:
+            return fn(arg) if arg else fn()
+        except NoResults as missing:
+            return str(missing)
+
     for name, fn in blocks.items():
-        pattern = re.compile(rf"(<!-- {name}:start -->\n)(?:.*?\n)?(<!-- {name}:end -->)", re.S)
-        if pattern.search(text):
-            try:
-                content = fn()
-            except NoResults as missing:
-                content = str(missing)
-            text = pattern.sub(lambda m, c=content: f"{m[1]}{c}\n{m[2]}", text)
+        pattern = re.compile(
+            rf"(<!-- {name}(?: (?P<arg>[\w.-]+))?:start -->\n)(?:.*?\n)?"
+            rf"(<!-- {name}(?: (?P=arg))?:end -->)",
+            re.S,
+        )
+        text = pattern.sub(lambda m, f=fn: f"{m[1]}{content(f, m['arg'])}\n{m[3]}", text)
     return text
 
 
