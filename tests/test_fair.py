@@ -6,7 +6,7 @@ import pytest
 from conftest import compose_cfg, logged_runs, run_cli, slice_overrides
 from omegaconf import OmegaConf
 
-from ablate import report, search
+from ablate import docs, report, search
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG
 
 
@@ -83,3 +83,14 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     row = rep.summary.set_index("strategy").loc["features"]
     assert row.lr == float(best.data.params["trainer.lr"]) and row.lr_from == "its lr study"
     assert rep.summary.set_index("strategy").loc["none"].lr_from == "the recipe"
+
+    # The published table's rerun command runs the study first where the lr came from one.
+    (pub := tmp_path / "published").mkdir()
+    rep.summary.to_csv(pub / "summary.csv", index=False)
+    table = docs.results_table(str(pub), rerun=True).splitlines()
+    (features_row,) = [line for line in table if line.startswith("| `features` |")]
+    assert features_row.endswith(
+        "| `python -m ablate.search experiment=fair freeze=features`, then "
+        "`python -m ablate.train --multirun experiment=fair freeze=features` |"
+    )
+    assert "(tuned)" in features_row

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from ablate import config
 from ablate.config import conf_dir, project_root
@@ -161,11 +161,15 @@ def _pct(row: dict, key: str) -> str:
 
 
 def _rerun(row: dict) -> str:
-    """The command that reruns a summary row's cell (every seed of it)."""
-    fair = OmegaConf.load(conf_dir() / "experiment" / "fair.yaml").lr_study.freeze
+    """The command that reruns a summary row's cell (every seed of it); a strategy trained at
+    its own study's lr (experiment=fair) first runs that study."""
     s = row["strategy"]
-    preset = "experiment=fair" if s in fair else f"experiment=paper data={row['data']}"
-    return f"`python -m ablate.train --multirun {preset} freeze={s}`"
+    if row["lr_from"] == LR_FROM_STUDY:
+        return (
+            f"`python -m ablate.search experiment=fair freeze={s}`, then "
+            f"`python -m ablate.train --multirun experiment=fair freeze={s}`"
+        )
+    return f"`python -m ablate.train --multirun experiment=paper data={row['data']} freeze={s}`"
 
 
 def results_table(study: str = RESULTS, rerun: bool = False) -> str:
