@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from ablate import docs, report, search
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG
+from ablate.report.lrsearch import Best
 
 
 def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
@@ -44,14 +45,17 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     assert f"first: python -m ablate.search experiment=fair {given} freeze=features" in said
     assert not logged_runs(store, "paper")
 
-    # The study: trials in fair-lr at the lrs the sampler proposes.
-    search_args = [*overrides, "experiment=fair", "freeze=features", "hydra.sweeper.n_trials=2"]
+    # The study: trials in fair-lr at the lrs the sampler proposes, within lr_study.range.
+    search_args = [
+        *overrides, "experiment=fair", "freeze=features", "hydra.sweeper.n_trials=2",
+        "lr_study.range=[2e-3,1e-2]",
+    ]  # fmt: skip
     assert search.main(search_args) == 0
     capsys.readouterr()
     trials = logged_runs(store, "fair-lr")
     assert len(trials) == 2 and {r.info.status for r in trials} == {"FINISHED"}
     best = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
-    assert {float(r.data.params["trainer.lr"]) for r in trials} != {5e-5}
+    assert all(2e-3 <= float(r.data.params["trainer.lr"]) <= 1e-2 for r in trials)
 
     grid = ["--multirun", "experiment=fair", "freeze=none,features", "seed=1", *overrides]
     proc = run_cli(*grid)
@@ -94,3 +98,14 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
         "`python -m ablate.train --multirun experiment=fair freeze=features` |"
     )
     assert "(tuned)" in features_row
+
+
+def test_a_best_lr_at_the_edge_of_the_searched_range_is_flagged():
+    _, overrides = search.for_studies(["experiment=fair"])
+    assert search.searched_range("features", overrides) == (1e-5, 1e-2)  # lr_study.range
+    assert search.searched_range("features", []) == (1e-5, 1e-3)  # hparams_search=lr's own
+    study = search.study_of("features", overrides)
+    note = search.edge_note(Best(study, 6, 8e-3, 0.97, "r"), (1e-5, 1e-2))
+    assert note.startswith("warning: freeze=features: the best lr 0.008 lies in the top tenth")
+    assert "bottom tenth" in search.edge_note(Best(study, 6, 1.5e-5, 0.9, "r"), (1e-5, 1e-2))
+    assert search.edge_note(Best(study, 6, 3e-4, 0.97, "r"), (1e-5, 1e-2)) is None

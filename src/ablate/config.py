@@ -232,6 +232,10 @@ class LrStudyConfig:
         None, "MLflow experiment of those studies' trials; null = `tracking.experiment`",
         identity=False,
     )  # fmt: skip
+    range: list[float] | None = key(
+        None, "[low, high] lr the studies search (log scale); null = hparams_search=lr's",
+        identity=False,
+    )  # fmt: skip
 
 
 def _with_switches(name: str, core: type, group: str) -> type:

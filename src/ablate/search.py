@@ -10,6 +10,7 @@ option as a markdown table. ``--report-only`` prints the table from the runs alr
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from omegaconf import DictConfig
 from ablate import config, tasks
 from ablate.errors import AblateError
 from ablate.report.load import MlflowException
-from ablate.report.lrsearch import Study, all_studies, best, table
+from ablate.report.lrsearch import Best, Study, all_studies, best, table
 
 PRESET = "hparams_search=lr"
 
@@ -78,9 +79,45 @@ def study_of(freeze: str | None, overrides: Sequence[str]) -> Study:
     )
 
 
+def searched_range(freeze: str, overrides: Sequence[str]) -> tuple[float, float] | None:
+    """The [low, high] lr interval ``freeze``'s study samples: ``lr_study.range``, else its
+    sweeper's ``trainer.lr`` (hparams_search=lr)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    cfg = compose_trial(freeze, overrides, hydra=True)
+    if cfg.lr_study.range:
+        low, high = cfg.lr_study.range
+        return float(low), float(high)
+    param = cfg.hydra.sweeper.params.get("trainer.lr")
+    if param is None:
+        return None
+    sweep = OverridesParser.create().parse_override(f"trainer.lr={param}").value()
+    return (float(sweep.start), float(sweep.end)) if hasattr(sweep, "start") else None
+
+
+def edge_note(b: Best, searched: tuple[float, float] | None) -> str | None:
+    """A warning when ``b``'s lr lies in the outer tenth (log scale) of the ``searched`` range:
+    the best lr may lie beyond it."""
+    if b.lr is None or searched is None:
+        return None
+    low, high = (math.log10(x) for x in searched)
+    where = (math.log10(b.lr) - low) / (high - low)
+    if 0.1 <= where <= 0.9:
+        return None
+    side = "top" if where > 0.9 else "bottom"
+    return (
+        f"warning: freeze={b.study.freeze}: the best lr {b.lr:.3g} lies in the {side} tenth of "
+        f"the searched range [{searched[0]:g}, {searched[1]:g}] (log scale); the best may lie "
+        "beyond it: widen it with lr_study.range=[low,high]"
+    )
+
+
 def run_study(freeze: str, overrides: Sequence[str]) -> int:
     """Run ``freeze``'s study in a child process (one Hydra sweep); its exit status."""
     cmd = [sys.executable, "-m", "ablate.train", "--multirun", PRESET, f"freeze={freeze}"]
+    if span := compose_trial(freeze, overrides).lr_study.range:
+        # the Optuna sweeper takes a search space from the command line over its params
+        overrides = [*overrides, f"trainer.lr=tag(log,interval({span[0]},{span[1]}))"]
     return subprocess.run([*cmd, *overrides]).returncode
 
 
@@ -112,7 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for option in options or [studies[0].freeze]:
                 if run_study(option, overrides) != 0:
                     failed.append(option)
-        print(table([best(s) for s in studies]))
+        found = [best(s) for s in studies]
+        print(table(found))
+        for b, option in zip(found, options, strict=False):
+            if note := edge_note(b, searched_range(option, overrides)):
+                print(note, file=sys.stderr)
     except (AblateError, HydraException, MlflowException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
