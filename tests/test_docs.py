@@ -55,3 +55,10 @@ def test_a_block_names_the_study_it_reads():
         "<!-- results-findings nowhere:start -->\n<!-- results-findings nowhere:end -->\n"
     )
     assert "`docs/results/nowhere/summary.csv` is missing" in missing
+
+
+def test_savings_never_round_a_partial_saving_to_all_or_nothing():
+    assert [docs._share(x) for x in ("99.97", "0.3", "12.4", "100", "0")] == [
+        "99.97", "0.3", "12", "100", "0",
+    ]  # fmt: skip
+    assert docs._millions("0.00654") == "0.00654" and docs._millions("22.571") == "22.57"

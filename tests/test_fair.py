@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import compose_cfg, logged_runs, run_cli, slice_overrides
+from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from ablate import docs, report, search
@@ -87,6 +88,13 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     row = rep.summary.set_index("strategy").loc["features"]
     assert row.lr == float(best.data.params["trainer.lr"]) and row.lr_from == "its lr study"
     assert rep.summary.set_index("strategy").loc["none"].lr_from == "the recipe"
+    # Its train time counts the frozen features' one-off computation.
+    feat = rep.runs.set_index("freeze").loc["features"]
+    epochs = MlflowClient(store).get_metric_history(feat.run_id, "epoch_time_s")
+    assert feat.cache_frozen_time_s > 0
+    assert feat.train_time_s == pytest.approx(
+        sum(m.value for m in epochs) + feat.cache_frozen_time_s
+    )
 
     # The published table's rerun command runs the study first where the lr came from one.
     (pub := tmp_path / "published").mkdir()

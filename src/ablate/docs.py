@@ -155,6 +155,17 @@ def _csv(study: str, name: str = "summary.csv") -> list[dict[str, str]]:
     return rows
 
 
+def _share(pct: str) -> str:
+    """A saving in percent, whole unless that would round a partial saving to 0 or 100."""
+    x = float(pct)
+    return f"{x:.0f}" if 0.5 <= x <= 99.5 or x in (0, 100) else f"{x:.2g}" if x < 1 else f"{x:.2f}"
+
+
+def _millions(m: str) -> str:
+    """Parameters in millions: two decimals, or three significant digits below 0.1 M."""
+    return f"{float(m):.2f}" if float(m) >= 0.1 else f"{float(m):.3g}"
+
+
 def _pct(row: dict, key: str) -> str:
     std = row[f"{key}_std_pct"]
     return f"{float(row[f'{key}_mean_pct']):.2f}" + (f" ± {float(std):.2f}" if std else "")
@@ -184,7 +195,7 @@ def results_table(study: str = RESULTS, rerun: bool = False) -> str:
         lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == LR_FROM_STUDY else "")
         lines.append(
             f"| `{row['strategy']}` | {lr} | {_pct(row, 'dev')} | {_pct(row, 'test')} | "
-            f"{float(row['trainable_params_m']):.2f} | {float(row['train_time_s']):.0f} | "
+            f"{_millions(row['trainable_params_m'])} | {float(row['train_time_s']):.0f} | "
             f"{row['n']} |" + (f" {_rerun(row)} |" if rerun else "")
         )
     return "\n".join(lines)
@@ -228,8 +239,8 @@ def results_findings(study: str = RESULTS) -> str:
             ci = f" (95 % CI {low:+.2f} to {high:+.2f})"
         lr = " at the lr its own study picked" if r["lr_from"] == LR_FROM_STUDY else ""
         lines.append(
-            f"- `{r['strategy']}`{lr} trains {float(r['param_savings_pct']):.0f} % fewer "
-            f"parameters in {float(r['time_savings_pct']):.0f} % less training time, and scores "
+            f"- `{r['strategy']}`{lr} trains {_share(r['param_savings_pct'])} % fewer "
+            f"parameters in {_share(r['time_savings_pct'])} % less training time, and scores "
             f"{delta:+.2f} points of dev accuracy{ci}."
         )
         if delta > -0.5:

@@ -245,7 +245,7 @@ def train_time(report: Report):
                         textcoords="offset points", ha="center", va="bottom", fontsize=7,
                     )  # fmt: skip
             _baseline_line(top, _base_value(s, report, "train_time_s"), f"{b} (baseline)")
-            top.set(title=panel, xlabel="", ylabel="train time (s), epochs only")
+            top.set(title=panel, xlabel="", ylabel="train time (s), no dev evaluation")
             top.margins(y=0.12)  # room for the labels above the bars
             if top.get_legend_handles_labels()[0]:
                 top.legend(fontsize=8, loc="lower left")
@@ -272,6 +272,6 @@ def train_time(report: Report):
             _strategy_ticks(top, order)
             _strategy_ticks(bottom, [t.get_text() for t in bottom.get_xticklabels()])
         _titles(fig, report, "Training time per strategy and savings vs the baseline",
-                "time spent in training epochs (dev evaluation excluded); bars: mean over seeds, "
+                "time spent training (dev evaluation excluded); bars: mean over seeds, "
                 f"dots: seeds; labels: change vs {b}")  # fmt: skip
     return fig

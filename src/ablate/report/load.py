@@ -31,6 +31,7 @@ _RUN_METRICS = {
     "peak_rss_mb": "peak_rss_mb",
     "dev_words": "dev_words",
     "test_words": "test_words",
+    "cache_frozen_time_s": "cache_frozen_time_s",
 }
 
 
@@ -138,7 +139,8 @@ def load_runs(
     parent run id), ``status`` (e.g. ``"FINISHED"``). A sweep's parent run itself is no training
     run and never listed. ``metric`` is the primary metric; by default each run's own.
     Per-epoch histories come from MLflow's metric history (``search_runs`` keeps only the last
-    value); a run's ``train_time_s`` is the sum of its per-epoch ``epoch_time_s`` (training only:
+    value); a run's ``train_time_s`` is the sum of its per-epoch ``epoch_time_s`` plus its frozen
+    features' one-off computation (``cache_frozen_time_s``; training only:
     the Trainer's ``train_runtime_s``, kept as ``trainer_runtime_s``, also counts the dev
     evaluation after each epoch, which freezing does not change); ``wall_s`` its whole run;
     ``load_per_cpu`` the highest machine load per usable CPU at the end of one of its epochs.
@@ -215,7 +217,10 @@ def load_runs(
                 )
     history_df = pd.DataFrame(hist, columns=_HISTORY_COLUMNS)
     epochs = history_df[history_df.key == "epoch_time_s"]
-    runs["train_time_s"] = runs.run_id.map(epochs.groupby("run_id").value.sum())
+    # the frozen features computed once before the first epoch (trainer.cache_frozen) are part
+    # of what training cost
+    once = runs.cache_frozen_time_s.astype(float).fillna(0.0)
+    runs["train_time_s"] = runs.run_id.map(epochs.groupby("run_id").value.sum()) + once
     load = history_df[history_df.key == "load_per_cpu"]
     runs["load_per_cpu"] = runs.run_id.map(load.groupby("run_id").value.max())
     source = {
