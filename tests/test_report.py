@@ -317,7 +317,8 @@ def test_notebook_runs_headless_on_the_same_module(grid, monkeypatch, tmp_path):
 
 
 def _overlaps(fig) -> list[tuple[str, str]]:
-    """Pairs of visible texts (tick labels, annotations, titles, legends) that overlap.
+    """Pairs of visible texts (tick labels, annotations, titles, legends), or a legend and a bar,
+    that overlap.
 
     Texts whose boxes overlap clash, except slanted tick labels: parallel strips, which overlap
     only when the distance between their baselines (their anchors' horizontal distance x sin of
@@ -332,6 +333,11 @@ def _overlaps(fig) -> list[tuple[str, str]]:
         if ax.get_legend() is not None:
             items.append((ax.get_legend(), ax.get_legend().get_window_extent(renderer)))
     found = []
+    for ax in fig.axes:  # a legend inside the axes must not cover a bar
+        if ax.get_legend() is not None:
+            box = ax.get_legend().get_window_extent(renderer)
+            bars = [p for p in ax.patches if p.get_height() > 0 and p.get_width() > 0]
+            found += [("legend", "bar") for p in bars if box.overlaps(p.get_window_extent())]
     for i, (a, box_a) in enumerate(items):
         for b, box_b in items[i + 1 :]:
             if not (box_a.overlaps(box_b) and box_a.width > 0 and box_b.width > 0):

@@ -247,8 +247,8 @@ def train_time(report: Report):
             _baseline_line(top, _base_value(s, report, "train_time_s"), f"{b} (baseline)")
             top.set(title=panel, xlabel="", ylabel="train time (s), no dev evaluation")
             top.margins(y=0.12)  # room for the labels above the bars
-            if top.get_legend_handles_labels()[0]:
-                top.legend(fontsize=8, loc="lower left")
+            if top.get_legend_handles_labels()[0] and col == axes.shape[1] - 1:
+                top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
 
             saved = s[s.strategy != b].melt(
                 id_vars="strategy", value_vars=["time_savings_pct", "param_savings_pct"],
@@ -263,7 +263,13 @@ def train_time(report: Report):
                     order[0] == b else order, palette=["#4c72b0", "#dd8452"], ax=bottom,
                     errorbar=None, width=0.6,
                 )  # fmt: skip
-                bottom.legend(fontsize=8, title=None)
+                # legends beside the last panel: inside, they cover the baseline's bar or one
+                # that saves ~100 % of the params
+                if col == axes.shape[1] - 1:
+                    bottom.legend(fontsize=8, title=None, loc="upper left",
+                                  bbox_to_anchor=(1.01, 1), borderaxespad=0)  # fmt: skip
+                else:
+                    bottom.get_legend().remove()
             else:
                 bottom.text(0.5, 0.5, f"no {b} run: no savings", ha="center",
                             transform=bottom.transAxes)  # fmt: skip
