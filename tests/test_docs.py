@@ -8,6 +8,7 @@ import pytest
 
 from ablate import docs
 from ablate.config import project_root
+from ablate.report.render import millions, share
 
 
 @pytest.mark.parametrize("name", docs.FILES)
@@ -58,7 +59,8 @@ def test_a_block_names_the_study_it_reads():
 
 
 def test_savings_never_round_a_partial_saving_to_all_or_nothing():
-    assert [docs._share(x) for x in ("99.97", "0.3", "12.4", "100", "0")] == [
-        "99.97", "0.3", "12", "100", "0",
+    assert [share(x, 0) for x in (99.97, 0.3, 12.4, 100, 0, -3.2)] == [
+        "99.97", "0.3", "12", "100", "0", "-3",
     ]  # fmt: skip
-    assert docs._millions("0.00654") == "0.00654" and docs._millions("22.571") == "22.57"
+    assert [share(x) for x in (99.97, 99.9, 63.04)] == ["99.97", "99.9", "63.0"]
+    assert millions(0.00654) == "0.00654" and millions(22.571) == "22.57"

@@ -18,6 +18,7 @@ from omegaconf import MISSING
 
 from ablate import config
 from ablate.config import conf_dir, project_root
+from ablate.report.render import millions, share
 from ablate.report.summary import LR_FROM_STUDY
 from ablate.speed import registry
 
@@ -155,17 +156,6 @@ def _csv(study: str, name: str = "summary.csv") -> list[dict[str, str]]:
     return rows
 
 
-def _share(pct: str) -> str:
-    """A saving in percent, whole unless that would round a partial saving to 0 or 100."""
-    x = float(pct)
-    return f"{x:.0f}" if 0.5 <= x <= 99.5 or x in (0, 100) else f"{x:.2g}" if x < 1 else f"{x:.2f}"
-
-
-def _millions(m: str) -> str:
-    """Parameters in millions: two decimals, or three significant digits below 0.1 M."""
-    return f"{float(m):.2f}" if float(m) >= 0.1 else f"{float(m):.3g}"
-
-
 def _pct(row: dict, key: str) -> str:
     std = row[f"{key}_std_pct"]
     return f"{float(row[f'{key}_mean_pct']):.2f}" + (f" ± {float(std):.2f}" if std else "")
@@ -195,7 +185,7 @@ def results_table(study: str = RESULTS, rerun: bool = False) -> str:
         lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == LR_FROM_STUDY else "")
         lines.append(
             f"| `{row['strategy']}` | {lr} | {_pct(row, 'dev')} | {_pct(row, 'test')} | "
-            f"{_millions(row['trainable_params_m'])} | {float(row['train_time_s']):.0f} | "
+            f"{millions(float(row['trainable_params_m']))} | {float(row['train_time_s']):.0f} | "
             f"{row['n']} |" + (f" {_rerun(row)} |" if rerun else "")
         )
     return "\n".join(lines)
@@ -238,9 +228,10 @@ def results_findings(study: str = RESULTS) -> str:
             low, high = float(r["delta_ci_low_pt"]), float(r["delta_ci_high_pt"])
             ci = f" (95 % CI {low:+.2f} to {high:+.2f})"
         lr = " at the lr its own study picked" if r["lr_from"] == LR_FROM_STUDY else ""
+        params, time = (share(float(r[f"{k}_savings_pct"]), 0) for k in ("param", "time"))
         lines.append(
-            f"- `{r['strategy']}`{lr} trains {_share(r['param_savings_pct'])} % fewer "
-            f"parameters in {_share(r['time_savings_pct'])} % less training time, and scores "
+            f"- `{r['strategy']}`{lr} trains {params} % fewer "
+            f"parameters in {time} % less training time, and scores "
             f"{delta:+.2f} points of dev accuracy{ci}."
         )
         if delta > -0.5:

@@ -27,8 +27,21 @@ def _num(x: float, digits: int = 2, sign: bool = False) -> str:
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
-def _params(m: float) -> str:
+def millions(m: float) -> str:
+    """Parameters in millions, three significant digits at least."""
     return f"{m:.1f}" if m >= 100 else f"{m:.2f}" if m >= 1 else f"{m:.3g}"
+
+
+def share(pct: float, digits: int = 1) -> str:
+    """A saving in percent to ``digits`` decimals, or more where that would round a partial
+    saving to 0 or 100 (a head-only run saves 99.97 % of the params, not all of them)."""
+    if pct is None or math.isnan(pct):
+        return "–"
+    text = f"{pct:.{digits}f}"
+    while float(text) in (0, 100) and pct not in (0, 100) and digits < 6:
+        digits += 1
+        text = f"{pct:.{digits}f}"
+    return text
 
 
 def _lr(lr: float, source: str) -> str:
@@ -62,10 +75,10 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
                 "n": r.n,
                 f"test {r.metric} (%)": _num(r.test_mean_pct)
                 + (f" ± {_num(r.test_std_pct)}" if r.n > 1 else ""),
-                "trainable params (M)": _params(r.trainable_params_m),
-                f"param savings vs {b} (%)": _num(r.param_savings_pct, 1),
+                "trainable params (M)": millions(r.trainable_params_m),
+                f"param savings vs {b} (%)": share(r.param_savings_pct),
                 "train time (s)": _num(r.train_time_s, 1) + loaded,
-                f"time savings vs {b} (%)": _num(r.time_savings_pct, 1) + loaded,
+                f"time savings vs {b} (%)": share(r.time_savings_pct) + loaded,
                 "train FLOPs": "–" if math.isnan(r.train_flops) else f"{r.train_flops:.3g}",
                 "wall time (s)": _num(r.wall_s, 0) + loaded,
                 "peak memory (MiB)": _num(r.peak_rss_mb, 0),
