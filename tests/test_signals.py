@@ -127,3 +127,39 @@ def test_a_job_submitit_requeues_continues_the_same_run(long_root, tmp_path):
     (parent,) = sweep_parents(store)
     assert parent.info.status == "FINISHED"
     assert again.data.tags["mlflow.parentRunId"] == parent.info.run_id
+
+
+@pytest.mark.heavy
+def test_sigterm_to_a_parallel_sweep_stops_its_workers_and_ends_every_run_killed(
+    long_root, tmp_path
+):
+    """``kill`` of a joblib sweep's process: it passes the signal on to its workers. Before, the
+    process died at once and its workers trained on, writing to the store, then took more jobs."""
+    import psutil
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    args = [a for a in recipe(long_root, store) if not a.startswith("trainer.epochs=")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablate.train", "--multirun", "hydra/launcher=joblib",
+         "hydra.launcher.n_jobs=2", "freeze=none,all,first2", *args, "trainer.epochs=20",
+         f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    both = [f"{job}/trainer/checkpoint-*/trainer_state.json" for job in (0, 1)]
+    wait_for(lambda: all(list(sweep.glob(p)) for p in both), proc, "both workers' checkpoints")
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert alive == []  # no worker trains on
+    runs = logged_runs(store)
+    assert sorted(r.data.params["freeze.name"] for r in runs) == ["all", "none"]  # no 3rd job
+    assert [(r.info.status, r.data.tags["error"]) for r in runs] == [
+        ("KILLED", "stopped by SIGTERM")
+    ] * 2
+    (parent,) = sweep_parents(store)
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags["ablate.jobs"] == "2 KILLED; stopped by SIGTERM"

@@ -23,6 +23,7 @@ from ablate import config, tasks
 from ablate.errors import AblateError
 from ablate.report.load import MlflowException
 from ablate.report.lrsearch import Best, Study, all_studies, best, table
+from ablate.tracking.signals import pass_on
 
 PRESET = "hparams_search=lr"
 
@@ -146,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             studies = [study_of(o, overrides) for o in options or [None]]
         if not args.report_only:
+            pass_on()  # a stop signal reaches the study's sweep, which stops its trials
             for option in options or [studies[0].freeze]:
                 if run_study(option, overrides) != 0:
                     failed.append(option)

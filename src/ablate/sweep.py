@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -18,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ablate.errors import AblateError
+from ablate.tracking.signals import pass_on
 
 log = logging.getLogger("ablate")
 
@@ -80,22 +82,29 @@ class Sweep(Callback):
             "sweep_dir": sweep_dir, "ended": False,
         }  # fmt: skip
         atexit.register(self._end, completed=False)  # a failed or interrupted sweep ends too
+        pass_on(self._stopped)  # a stop signal reaches the jobs, then ends the sweep KILLED
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._end(completed=True)
 
-    def _end(self, completed: bool) -> None:
+    def _stopped(self, signum: int) -> None:
+        self._end(completed=False, stopped_by=signal.Signals(signum).name)
+
+    def _end(self, completed: bool, stopped_by: str | None = None) -> None:
         p = self.parent
         if p is None or p["ended"]:
             return
         p["ended"] = True
-        end_sweep(p["id"], p["uri"], p["experiment"], p["sweep_dir"], completed)
+        end_sweep(p["id"], p["uri"], p["experiment"], p["sweep_dir"], completed, stopped_by)
 
 
-def end_sweep(run_id: str, uri: str, experiment: str, sweep_dir: str, completed: bool) -> str:
-    """Close a sweep's parent run: its status from its children's, the report over them as its
-    artifacts (``report/``), and the summary printed with the command for the full report.
-    Returns the status."""
+def end_sweep(
+    run_id: str, uri: str, experiment: str, sweep_dir: str, completed: bool,
+    stopped_by: str | None = None,
+) -> str:  # fmt: skip
+    """Close a sweep's parent run: its status from its children's (KILLED when a signal
+    ``stopped_by`` stopped it), the report over them as its artifacts (``report/``), and the
+    summary printed with the command for the full report. Returns the status."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -107,9 +116,11 @@ def end_sweep(run_id: str, uri: str, experiment: str, sweep_dir: str, completed:
     for child in children:
         counts[child.info.status] = counts.get(child.info.status, 0) + 1
     ok = completed and set(counts) == {"FINISHED"}
-    status = "FINISHED" if ok else "FAILED"
+    status = "FINISHED" if ok else "KILLED" if stopped_by else "FAILED"
     described = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
-    client.set_tag(run_id, "ablate.jobs", described + ("" if completed else "; did not complete"))
+    if not completed:
+        described += f"; stopped by {stopped_by}" if stopped_by else "; did not complete"
+    client.set_tag(run_id, "ablate.jobs", described)
     summary = _report(client, run_id, uri, experiment)
     client.set_terminated(run_id, status)
     print(f"\nSweep {status}: {described}. MLflow run {run_id} in {uri} ({experiment}).")

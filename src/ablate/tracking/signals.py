@@ -1,13 +1,18 @@
 """Stop signals while a run is open: SLURM, Kubernetes, systemd and docker stop a job with
 SIGTERM (SLURM also USR1/USR2 as `--signal` asks); the run ends KILLED with its last epoch
-checkpoint, then the signal goes on to what was there before (submitit's requeue)."""
+checkpoint, then the signal goes on to what was there before (submitit's requeue). A sweep's own
+process passes the signal on to the jobs it started (``pass_on``)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 # What schedulers send to stop a job: SLURM (scancel, time limit, preemption: TERM, or USR1/USR2
@@ -35,6 +40,7 @@ def stop_signals() -> Iterator[dict[int, Any]]:
         return
 
     def interrupt(signum, frame):
+        _ignore_more()  # a second TERM (the scheduler's and the sweep's) must not cut the close
         raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
@@ -51,4 +57,52 @@ def after_stop(signum: int, previous: dict[int, Any]) -> None:
     handler = previous.get(signum)
     if callable(handler):
         handler(signum, None)
+    if multiprocessing.parent_process() is not None:
+        # a pool's worker (a joblib sweep's): the pool would catch SystemExit and start its next job
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
     raise SystemExit(128 + signum)
+
+
+def _ignore_more() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _ignores(pid: int, signum: int) -> bool:
+    """Whether a process ignores ``signum`` (joblib's resource tracker ignores TERM), read from
+    Linux's /proc; elsewhere taken as no."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    mask = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), "0")
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def pass_on(on_stop: Callable[[int], None] | None = None, grace_s: float = 60) -> None:
+    """In a sweep's own process: on a stop signal, send it on to the processes this one started
+    (a joblib sweep's workers, the sweep ``ablate.search`` runs), wait up to ``grace_s`` for them
+    to close their runs KILLED and exit, call ``on_stop(signum)``, then exit as the signal asks.
+    Without it the process dies at once, and its workers train on, writing to the store."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum, frame):
+        import psutil
+
+        _ignore_more()
+        children = [
+            c for c in psutil.Process().children() if not _ignores(c.pid, signum)
+        ]  # fmt: skip
+        for child in children:
+            with suppress(psutil.NoSuchProcess):
+                child.send_signal(signum)
+        psutil.wait_procs(children, timeout=grace_s)
+        if on_stop is not None:
+            on_stop(signum)
+        raise SystemExit(128 + signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
