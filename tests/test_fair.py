@@ -19,6 +19,11 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     assert cfg.lr_study.experiment == "fair-lr"
     features = compose_cfg("experiment=fair", "freeze=features")
     assert features.model.head == "bilstm" and features.freeze.all and features.freeze.embeddings
+    assert features.trainer.cache_frozen  # from head_only, the option features builds on
+    # what an option changes beyond freeze.* is its own, not a setting that splits the comparison
+    assert report.summary.option_keys("features") == {"model.head", "trainer.cache_frozen"}
+    assert report.summary.option_keys("head_only") == {"trainer.cache_frozen"}
+    assert report.summary.option_keys("lora") == set() == report.summary.option_keys("gone")
 
     options, overrides = search.for_studies(["experiment=fair"])
     assert options == ["features", "head_only", "bitfit", "lora"]

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ablate.speed import registry
 
@@ -318,4 +320,12 @@ def register() -> None:
     ConfigStore.instance().store(name="ablate_schema", node=TrainConfig)
 
 
+def compose(*overrides: str, hydra: bool = False) -> DictConfig:
+    """The config ``python -m ablate.train`` composes with ``overrides``; ``hydra``: with the
+    ``hydra`` node (its sweeper's params)."""
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
+
+
 register()
+

@@ -34,24 +34,20 @@ def _first_comment(path: Path) -> str:
 
 def freeze_table(model: str = "minilm") -> str:
     """Markdown table: each ``freeze`` option, what it does, its trainable params on ``model``."""
-    from hydra import compose, initialize_config_dir
-
     from ablate import strategies, tasks
     from ablate.models.build import build
 
     rows = []
     pos = tasks.get("pos")
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        for path in sorted((conf_dir() / "freeze").glob("*.yaml")):
-            option, what = path.stem, _first_comment(path)
-            cfg = compose("train", overrides=[f"model={model}", f"freeze={option}"])
-            # A fresh model per option: strategies may wrap or change it.
-            applied = strategies.apply(build(cfg.model, pos.model_class, pos.labels), cfg.freeze)
-            a = applied
-            rows.append(
-                f"| `freeze={option}` | {what} | {a.trainable_params:,} | {a.total_params:,} | "
-                f"{a.trainable_pct:.2f} % |"
-            )
+    for path in sorted((conf_dir() / "freeze").glob("*.yaml")):
+        option, what = path.stem, _first_comment(path)
+        cfg = config.compose(f"model={model}", f"freeze={option}")
+        # A fresh model per option: strategies may wrap or change it.
+        a = strategies.apply(build(cfg.model, pos.model_class, pos.labels), cfg.freeze)
+        rows.append(
+            f"| `freeze={option}` | {what} | {a.trainable_params:,} | {a.total_params:,} | "
+            f"{a.trainable_pct:.2f} % |"
+        )
     header = (
         f"| option | what it does | trainable params ({model}) | total params | trainable |\n"
         "|---|---|---:|---:|---:|"

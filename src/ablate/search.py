@@ -15,7 +15,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
@@ -44,9 +43,8 @@ def split_freeze(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 def compose_trial(freeze: str | None, overrides: Sequence[str], hydra: bool = False) -> DictConfig:
     """The configuration a trial of ``freeze``'s study runs with (lr aside); ``hydra``: with the
     ``hydra`` node (its sweeper's params)."""
-    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
-        extra = [f"freeze={freeze}"] if freeze else []
-        return compose("train", overrides=[PRESET, *extra, *overrides], return_hydra_config=hydra)
+    extra = [f"freeze={freeze}"] if freeze else []
+    return config.compose(PRESET, *extra, *overrides, hydra=hydra)
 
 
 def for_studies(overrides: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -74,22 +74,29 @@ def settings(params: dict[str, str]) -> dict[str, str]:
 
 
 @functools.cache
+def _flat(freeze: str) -> dict[str, object]:
+    """The config composed with ``freeze``, without ``freeze.*``, by dotted key."""
+    tree = OmegaConf.to_container(config.compose(f"freeze={freeze}"), resolve=False)
+    tree.pop("freeze")
+    return pd.json_normalize(tree).iloc[0].to_dict()
+
+
+@functools.cache
 def option_keys(freeze: str) -> frozenset[str]:
-    """Keys outside ``freeze.*`` that the freeze option's own file sets (``conf/freeze``; a
-    ``# @package _global_`` option such as ``features`` brings its head)."""
-    path = config.conf_dir() / "freeze" / f"{freeze}.yaml"
-    if not path.is_file() or "@package _global_" not in path.read_text(encoding="utf-8"):
+    """Keys outside ``freeze.*`` that choosing the freeze option changes (a ``# @package
+    _global_`` option such as ``features`` brings its head, and what its defaults bring):
+    the option composed beside ``freeze=none``; none for an option ``conf/freeze`` lacks."""
+    if not (config.conf_dir() / "freeze" / f"{freeze}.yaml").is_file():
         return frozenset()
-    tree = OmegaConf.to_container(OmegaConf.load(path))
-    keys = pd.json_normalize({k: v for k, v in tree.items() if k not in ("defaults", "freeze")})
-    return frozenset(keys.columns)
+    mine, base = _flat(freeze), _flat("none")
+    return frozenset(k for k in mine.keys() | base.keys() if mine.get(k) != base.get(k))
 
 
 def compared(
     params: dict[str, str], strategies: Iterable[str], recipe_lr: str | None
 ) -> dict[str, str]:
     """A run's settings as compared with the runs of other ``strategies``: without the keys
-    that are a strategy's own (``freeze.*``, and what any of their option files sets: a
+    that are a strategy's own (``freeze.*``, and what choosing any of them changes: a
     ``features`` run's head differs from the others' by design), and with the recipe's lr where
     the run's own lr study picked the lr (``recipe_lr``)."""
     own = frozenset().union(*map(option_keys, set(strategies)))
