@@ -115,9 +115,11 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
 
 def test_a_best_lr_at_the_edge_of_the_searched_range_is_flagged():
     _, overrides = search.for_studies(["experiment=fair"])
-    assert search.searched_range("features", overrides) == (1e-5, 1e-2)  # lr_study.range
-    assert search.searched_range("features", []) == (1e-5, 1e-3)  # hparams_search=lr's own
-    study = search.study_of("features", overrides)
+    trials = search.compose_trial("features", overrides, hydra=True)
+    assert search.searched_range(trials) == (1e-5, 1e-2)  # lr_study.range
+    own = search.compose_trial("features", [], hydra=True)
+    assert search.searched_range(own) == (1e-5, 1e-3)  # hparams_search=lr's own
+    study = search.study_of(trials)
     note = search.edge_note(Best(study, 6, 8e-3, 0.97, "r"), (1e-5, 1e-2))
     assert note.startswith("warning: freeze=features: the best lr 0.008 lies in the top tenth")
     assert "bottom tenth" in search.edge_note(Best(study, 6, 1.5e-5, 0.9, "r"), (1e-5, 1e-2))

@@ -328,4 +328,3 @@ def compose(*overrides: str, hydra: bool = False) -> DictConfig:
 
 
 register()
-

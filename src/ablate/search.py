@@ -66,9 +66,8 @@ def for_studies(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     return options, [*rest, *extra]
 
 
-def study_of(freeze: str | None, overrides: Sequence[str]) -> Study:
-    """Name and store of the study that ``freeze`` with ``overrides`` runs."""
-    cfg = compose_trial(freeze, overrides)
+def study_of(cfg: DictConfig) -> Study:
+    """Name and store of the study whose trials run with ``cfg`` (``compose_trial``)."""
     return Study(
         freeze=cfg.freeze.name,
         name=cfg.tracking.tags.study,
@@ -78,12 +77,12 @@ def study_of(freeze: str | None, overrides: Sequence[str]) -> Study:
     )
 
 
-def searched_range(freeze: str, overrides: Sequence[str]) -> tuple[float, float] | None:
-    """The [low, high] lr interval ``freeze``'s study samples: ``lr_study.range``, else its
-    sweeper's ``trainer.lr`` (hparams_search=lr)."""
+def searched_range(cfg: DictConfig) -> tuple[float, float] | None:
+    """The [low, high] lr interval a study with trials of ``cfg`` (``compose_trial``, with its
+    ``hydra`` node) samples: ``lr_study.range``, else its sweeper's ``trainer.lr``
+    (hparams_search=lr)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    cfg = compose_trial(freeze, overrides, hydra=True)
     if cfg.lr_study.range:
         low, high = cfg.lr_study.range
         return float(low), float(high)
@@ -111,10 +110,11 @@ def edge_note(b: Best, searched: tuple[float, float] | None) -> str | None:
     )
 
 
-def run_study(freeze: str, overrides: Sequence[str]) -> int:
-    """Run ``freeze``'s study in a child process (one Hydra sweep); its exit status."""
+def run_study(freeze: str, overrides: Sequence[str], cfg: DictConfig) -> int:
+    """Run ``freeze``'s study (its trials' config ``cfg``) in a child process (one Hydra
+    sweep); its exit status."""
     cmd = [sys.executable, "-m", "ablate.train", "--multirun", PRESET, f"freeze={freeze}"]
-    if span := compose_trial(freeze, overrides).lr_study.range:
+    if span := cfg.lr_study.range:
         # the Optuna sweeper takes a search space from the command line over its params
         overrides = [*overrides, f"trainer.lr=tag(log,interval({span[0]},{span[1]}))"]
     return subprocess.run([*cmd, *overrides]).returncode
@@ -140,19 +140,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = []
     try:
         options, overrides = for_studies(args.overrides)
+        trials = {o: compose_trial(o, overrides, hydra=True) for o in options or [None]}
         if args.report_only and not options:
-            studies = all_studies(study_of(None, overrides))
+            studies = all_studies(study_of(trials[None]))
         else:
-            studies = [study_of(o, overrides) for o in options or [None]]
+            studies = [study_of(cfg) for cfg in trials.values()]
         if not args.report_only:
             pass_on()  # a stop signal reaches the study's sweep, which stops its trials
-            for option in options or [studies[0].freeze]:
-                if run_study(option, overrides) != 0:
-                    failed.append(option)
+            for option, cfg in trials.items():
+                if run_study(option or studies[0].freeze, overrides, cfg) != 0:
+                    failed.append(option or studies[0].freeze)
         found = [best(s) for s in studies]
         print(table(found))
         for b, option in zip(found, options, strict=False):
-            if note := edge_note(b, searched_range(option, overrides)):
+            if note := edge_note(b, searched_range(trials[option])):
                 print(note, file=sys.stderr)
     except (AblateError, HydraException, MlflowException) as exc:
         print(f"error: {exc}", file=sys.stderr)
