@@ -21,6 +21,7 @@ from typing import Any
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ablate.speed import registry
@@ -323,6 +324,8 @@ def register() -> None:
 def compose(*overrides: str, hydra: bool = False) -> DictConfig:
     """The config ``python -m ablate.train`` composes with ``overrides``; ``hydra``: with the
     ``hydra`` node (its sweeper's params)."""
+    if GlobalHydra.instance().is_initialized():  # in a running app (a sweep ending): its path
+        return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
 

@@ -137,10 +137,14 @@ def _report(client, run_id: str, uri: str, experiment: str) -> str:
 
     try:
         report = build(load_runs(experiment, uri, parent=run_id))
+        with tempfile.TemporaryDirectory() as tmp:
+            write(report, tmp)
+            client.log_artifacts(run_id, tmp, "report")
     except AblateError as exc:
         client.set_tag(run_id, "ablate.report", str(exc)[:5000])
         return ""
-    with tempfile.TemporaryDirectory() as tmp:
-        write(report, tmp)
-        client.log_artifacts(run_id, tmp, "report")
+    except Exception as exc:  # a failing report must not leave the sweep's run RUNNING
+        client.set_tag(run_id, "ablate.report", f"the report failed: {exc!r}"[:5000])
+        print(f"warning: the sweep's report failed: {exc!r}", file=sys.stderr)
+        return ""
     return tables(report)
