@@ -176,6 +176,26 @@ def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tm
     assert f'make report ARGS="--sweep {tmp_path / "sweep"}"' in proc.stdout
 
 
+def test_a_sweep_whose_report_fails_still_closes_its_run(store, monkeypatch, capsys):
+    from ablate import report, sweep
+
+    client = MlflowClient(store)
+    exp = client.create_experiment("grid")
+    parent = client.create_run(exp).info.run_id
+    child = client.create_run(exp, tags={"mlflow.parentRunId": parent}).info.run_id
+    client.set_terminated(child, "FINISHED")
+
+    def broken(*args, **kwargs):  # a bug in the report, not a bad input
+        raise RuntimeError("the report broke")
+
+    monkeypatch.setattr(report, "load_runs", broken)
+    assert sweep.end_sweep(parent, store, "grid", "sweep", completed=True) == "FINISHED"
+    run = client.get_run(parent)
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.jobs"] == "1 FINISHED"
+    assert "RuntimeError('the report broke')" in run.data.tags["ablate.report"]
+    assert "the sweep's report failed" in capsys.readouterr().err
+
+
 def test_a_job_with_a_bad_setting_leaves_no_run_and_the_sweep_goes_on(slice_root, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = run_cli(
