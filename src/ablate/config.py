@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
@@ -324,9 +325,8 @@ def register() -> None:
 def compose(*overrides: str, hydra: bool = False) -> DictConfig:
     """The config ``python -m ablate.train`` composes with ``overrides``; ``hydra``: with the
     ``hydra`` node (its sweeper's params)."""
-    if GlobalHydra.instance().is_initialized():  # in a running app (a sweep ending): its path
-        return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+    running = GlobalHydra.instance().is_initialized()  # in an app (a sweep ending): its own
+    with nullcontext() if running else initialize_config_dir(str(conf_dir()), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
 
 

@@ -148,8 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.report_only:
             pass_on()  # a stop signal reaches the study's sweep, which stops its trials
             for option, cfg in trials.items():
-                if run_study(option or studies[0].freeze, overrides, cfg) != 0:
-                    failed.append(option or studies[0].freeze)
+                name = option or studies[0].freeze
+                if run_study(name, overrides, cfg) != 0:
+                    failed.append(name)
         found = [best(s) for s in studies]
         print(table(found))
         for b, option in zip(found, options, strict=False):
