@@ -199,6 +199,10 @@ class TrainerCore:
     )  # fmt: skip
     checkpoints: bool = key(True, "keep the last epoch's checkpoint until the run finishes")
     resume: bool = key(False, "continue the newest KILLED run of the same config", identity=False)
+    keep_model: bool = key(
+        True, "log the final model (the best epoch's, with early stopping) as an MLflow model",
+        identity=False,
+    )  # fmt: skip
     early_stopping_patience: int | None = key(
         None, "stop after N epochs without a better primary dev metric; best epoch restored"
     )
