@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
-from conftest import EWT, NAIJA, conllu_blocks, write_treebank
+from conftest import DATA, EWT, NAIJA, ROOT, compose_cfg, conllu_blocks, write_treebank
 from omegaconf import OmegaConf
+from test_download import digest, server  # noqa: F401  (the real HTTP server fixture)
 
+from ablate import config
 from ablate.data import files
 from ablate.data.sentences import check_labels
 from ablate.errors import AblateError
@@ -108,7 +111,7 @@ def test_user_treebank_is_found_by_the_ud_naming_pattern(slice_root):
 
 
 def test_missing_or_ambiguous_split_files_are_clear_errors(tmp_path):
-    with pytest.raises(AblateError, match="UD_Nowhere does not exist"):
+    with pytest.raises(AblateError, match=r"data.dir=ud/UD_Nowhere: no folder .*UD_Nowhere, and "):
         files.locate(ud_cfg(tmp_path, "UD_Nowhere"))
     blocks = conllu_blocks(NAIJA / "pcm_nsc-ud-dev.conllu")[:3]
     folder = write_treebank(tmp_path / "ud" / "UD_Two", "a", {"train": blocks, "dev": blocks})
@@ -135,3 +138,75 @@ def test_pinned_release_with_altered_file_is_refused(tmp_path):
         AblateError, match="pcm_nsc-ud-dev.conllu: sha256 .* differs from the pinned"
     ):
         files.locate(cfg)
+
+
+def test_the_settings_file_errors_name_is_the_one_make_setup_writes():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^LOCAL := (\S+)$", makefile, re.M).group(1) == files.LOCAL_SETTINGS
+    train = OmegaConf.load(ROOT / "conf" / "train.yaml")
+    assert {"optional local": "default"} in train.defaults  # conf/local/default.yaml
+    assert files.LOCAL_SETTINGS == "conf/local/default.yaml"
+
+
+def test_wrong_treebank_lists_the_treebanks_there_and_suggests_the_close_one():
+    there = sorted(p.name for p in (DATA / "ud").iterdir() if p.is_dir())
+    assert "UD_Naija-NSC" in there and "UD_English-EWT" in there
+    for wrong, suggested in (("UD_Nonexistent", None), ("UD_Naija", "UD_Naija-NSC")):
+        cfg = compose_cfg("data=ud", f"data.treebank={wrong}", f"data.root={DATA}").data
+        with pytest.raises(AblateError) as err:
+            files.locate(cfg)
+        message = str(err.value)
+        assert message.startswith(f"data.treebank={wrong}: no folder {DATA / 'ud' / wrong}")
+        assert f"Treebanks in {DATA / 'ud'}: {', '.join(there)}" in message
+        if suggested:
+            assert message.endswith(f"did you mean data.treebank={suggested}?")
+        else:
+            assert "did you mean" not in message
+        assert "data.root" not in message  # the root is right; the treebank is not
+        assert not (DATA / "ud" / wrong).exists()
+
+
+@pytest.mark.parametrize("data", ["ud", "naija"])
+def test_missing_root_is_one_error_saying_how_to_set_it_and_creates_nothing(tmp_path, data):
+    root = tmp_path / "no" / "such" / "root"
+    cfg = compose_cfg(f"data={data}", "data.treebank=UD_Naija-NSC", f"data.root={root}").data
+    with pytest.raises(AblateError) as err:
+        files.locate(cfg)
+    message = str(err.value)
+    assert message.startswith(
+        f"data.root={root} does not exist (data={cfg.name}): set data.root to a folder holding "
+        "ud/UD_Naija-NSC/ (in conf/local/default.yaml, which `make setup` writes; with "
+        "ABLATE_DATA_DIR; or on the command line)"
+    )
+    # a pinned release says how to download it there; nothing is fetched into a missing root
+    assert ("create it to download naija" in message) == (data == "naija")
+    assert not (tmp_path / "no").exists()
+    (tmp_path / "file").write_text("x")
+    cfg.root = str(tmp_path / "file")
+    with pytest.raises(AblateError, match=r"file is not a folder .*conf/local/default\.yaml"):
+        files.locate(cfg)
+
+
+def test_failed_download_says_where_to_set_the_root(tmp_path):
+    cfg = compose_cfg("data=naija", f"data.root={tmp_path}").data
+    cfg.splits.train.url = "http://127.0.0.1:9/pcm_nsc-ud-train.conllu"  # nothing listens
+    with pytest.raises(
+        AblateError, match=r"downloading them failed .*UD_Naija-NSC/ \(in conf/local/default.yaml"
+    ):
+        files.locate(cfg)
+    assert not (tmp_path / "ud" / "UD_Naija-NSC" / "pcm_nsc-ud-train.conllu").exists()
+
+
+def test_download_into_the_user_cache_creates_the_cache(server, tmp_path, monkeypatch):  # noqa: F811
+    url, served = server
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    cache = config.user_cache()
+    assert cache.is_relative_to(tmp_path) and not cache.exists()
+    cfg = compose_cfg("data=naija", f"data.root={cache}").data
+    for split in files.SPLITS:
+        name = cfg.splits[split].file
+        cfg.splits[split].url = f"{url}/{name}"
+        assert cfg.splits[split].sha256 == digest(served / name)  # the pinned release
+    found = files.locate(cfg)
+    assert all(p.parent == cache / "ud" / "UD_Naija-NSC" for p in found.paths.values())
+    assert found.paths["dev"].read_bytes() == (NAIJA / "pcm_nsc-ud-dev.conllu").read_bytes()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import logging
@@ -10,11 +11,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ablate.config import user_cache
 from ablate.errors import AblateError
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
+# This machine's settings file, which `make setup` writes (the Makefile's LOCAL) and
+# conf/train.yaml loads as `optional local: default`; errors tell users to set data.root there.
+LOCAL_SETTINGS = "conf/local/default.yaml"
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ def fetch(url: str, sha256: str | None, dest: Path, hint: str | None = None) -> 
     """Download ``url`` to ``dest`` with a progress bar, keeping it only if its sha256 matches.
 
     pooch downloads to a temporary file and moves it into place only after the hash check,
-    so a failed or corrupt download leaves nothing behind. ``hint`` (where to put the file by
+    so a failed or corrupt download leaves no file behind. ``hint`` (where to put the file by
     hand) ends the error message of a failed download.
     """
     import pooch
@@ -72,23 +77,59 @@ def fetch(url: str, sha256: str | None, dest: Path, hint: str | None = None) -> 
             f"{url}: downloaded file failed its sha256 check ({exc}); not kept"
         ) from exc
     except Exception as exc:  # network errors come in many types (requests, OSError, ...)
-        hint = hint or (
-            f"Put the file at {dest} yourself, or set ABLATE_DATA_DIR to a folder laid out like "
-            f"<root>/{dest.parent.name}/{dest.name}"
-        )
+        hint = hint or f"Put the file at {dest} yourself"
         reason = f"{type(exc).__name__}: {str(exc)[:120]}"
         raise DownloadFailed(f"could not download {url} ({reason}). {hint}", reason) from exc
     return dest
 
 
+def _set_root(cfg: DictConfig) -> str:
+    """How to point ``data.root`` at the data of ``cfg``: the advice every data error ends with."""
+    return (
+        f"set data.root to a folder holding {cfg.dir}/ (in {LOCAL_SETTINGS}, which `make setup` "
+        f"writes; with ABLATE_DATA_DIR; or on the command line)"
+    )
+
+
 def _missing(cfg: DictConfig, folder: Path, files: list[str], why: str) -> str:
     """The one error of missing data: which files, where, and the two ways to provide them."""
     return (
-        f"data={cfg.name}: {', '.join(files)} not in {folder}, and {why}. Provide them: (1) set "
-        f"data.root to a folder holding {cfg.dir}/ (in conf/local/data.yaml, which `make setup` "
-        f"writes, or ABLATE_DATA_DIR), or (2) run once with internet access to download them "
-        f"into {folder}"
+        f"data={cfg.name}: {', '.join(files)} not in {folder}, and {why}. Provide them: (1) "
+        f"{_set_root(cfg)}, or (2) run once with internet access to "
+        f"download them into {folder}"
     )
+
+
+def _check_root(cfg: DictConfig) -> None:
+    """A ``data.root`` that is not a folder is an error, before anything is created there; only
+    the user cache, where downloads go by default, may be created by a download."""
+    root = Path(cfg.root)
+    if root.is_dir() or root.resolve() == user_cache().resolve():
+        return
+    what = "is not a folder" if root.exists() else "does not exist"
+    create = ""
+    if not root.exists() and cfg.splits and any(spec.url for spec in cfg.splits.values()):
+        create = f", or create it to download {cfg.name} into it"
+    raise AblateError(f"data.root={cfg.root} {what} (data={cfg.name}): {_set_root(cfg)}{create}")
+
+
+def _no_folder(cfg: DictConfig, folder: Path) -> str:
+    """The error of a dataset folder missing under an existing root: the folders that are there,
+    and the close one."""
+    treebank = bool(cfg.get("treebank"))
+    key, value = ("data.treebank", cfg.treebank) if treebank else ("data.dir", cfg.dir)
+    parent = folder.parent
+    there = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+    if not there:
+        return (
+            f"{key}={value}: no folder {folder}, and no dataset folders in {parent}; "
+            f"{_set_root(cfg)}"
+        )
+    hint = ""
+    for close in difflib.get_close_matches(folder.name, there, n=1, cutoff=0.6):
+        hint = f"; did you mean {key}={close if treebank else Path(cfg.dir).parent / close}?"
+    kind = "Treebanks" if treebank else "Folders"
+    return f"{key}={value}: no folder {folder}. {kind} in {parent}: {', '.join(there)}{hint}"
 
 
 def file_splits(cfg: DictConfig) -> tuple[str, ...]:
@@ -103,6 +144,7 @@ def locate(cfg: DictConfig) -> SplitFiles:
     folder = Path(cfg.root) / cfg.dir
     paths: dict[str, Path] = {}
     needed = file_splits(cfg)
+    _check_root(cfg)
     if cfg.splits:
         for split in needed:
             if split not in cfg.splits:
@@ -128,11 +170,7 @@ def locate(cfg: DictConfig) -> SplitFiles:
             paths[split] = path
     else:
         if not folder.is_dir():
-            raise AblateError(
-                f"data={cfg.name}: {folder} does not exist (data.root={cfg.root}). Set data.root "
-                f"(conf/local/data.yaml, or ABLATE_DATA_DIR) to a folder laid out like "
-                f"<root>/ud/UD_<Name>/"
-            )
+            raise AblateError(_no_folder(cfg, folder))
         for split in needed:
             found = sorted(folder.glob(f"*-ud-{split}.conllu"))
             if len(found) != 1:
