@@ -62,9 +62,10 @@ bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio 
 report: $(STAMP) ## comparison report of the latest sweep: charts, summary.md, summary.csv, runs.csv in reports/ (ARGS="--all", ARGS="--sweep multirun/...")
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
 
+# JupyterLab refuses to start as root (a container on a GPU server) without --allow-root.
 notebook: $(STAMP) ## the report inline: notebooks/compare.ipynb in JupyterLab (installs the notebook extra once)
 	@$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,notebook]'
-	$(VENV)/bin/jupyter lab notebooks/compare.ipynb --ip 127.0.0.1 --port $(NOTEBOOK_PORT) $(ARGS)
+	$(VENV)/bin/jupyter lab notebooks/compare.ipynb --ip 127.0.0.1 --port $(NOTEBOOK_PORT) $(if $(filter 0,$(shell id -u)),--allow-root) $(ARGS)
 
 ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT)
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)

@@ -314,6 +314,25 @@ def test_notebook_runs_headless_on_the_same_module(grid, monkeypatch, tmp_path):
     assert "UD_Naija-Slice-first2-tiny-s1" in shown
     assert Path(outputs[-1].text.strip()) == Path(sys.executable)
     assert list(pd.read_csv(out / "summary.csv").strategy) == ["none", "all"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["summary.csv", "summary.md", "runs.csv", *CHART_FILES]
+    )
+
+    # Unset, the folder is one of its own, never `make report`'s reports/, and its text says so
+    monkeypatch.delenv("ABLATE_REPORT_OUT")
+    setup: dict = {}
+    exec(code[0].source, setup)
+    assert Path(setup["OUT"]) == report.default_out_dir() / "notebook"
+    assert "`ABLATE_REPORT_OUT` (default: `reports/notebook/`)" in nb.cells[0].source
+
+
+def test_make_notebook_allows_root_only_for_root():
+    dry = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "notebook"], capture_output=True, text=True, check=True
+    )
+    (lab,) = [line for line in dry.stdout.splitlines() if "jupyter lab" in line]
+    assert lab.split()[1:3] == ["lab", "notebooks/compare.ipynb"]
+    assert ("--allow-root" in lab.split()) == (os.geteuid() == 0)
 
 
 def _overlaps(fig) -> list[tuple[str, str]]:
