@@ -60,6 +60,7 @@ def test_locate_downloads_missing_pinned_splits_into_the_root(server, tmp_path):
         for s in ("train", "dev", "test")
     }  # fmt: skip
     root = tmp_path / "root"
+    root.mkdir()
     cfg = OmegaConf.create(
         {
             "name": "naija",
@@ -77,6 +78,7 @@ def test_locate_downloads_missing_pinned_splits_into_the_root(server, tmp_path):
 
 
 def test_cli_without_data_or_network_prints_one_line_saying_how_to_provide_it(tmp_path):
+    (tmp_path / "empty").mkdir()
     proc = run_cli(
         "data=naija",
         f"data.root={tmp_path / 'empty'}",

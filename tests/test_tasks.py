@@ -331,6 +331,7 @@ def test_the_real_files_verify_against_their_pins():
 def test_absent_data_is_an_error_saying_where_to_put_it(tmp_path):
     # (the CLI shows an AblateError as one line: tests/test_download.py)
     empty = tmp_path / "empty"
+    empty.mkdir()
     cfg = compose_cfg("data=sst2", f"data.root={empty}")
     cfg.data.splits.train.url = "http://127.0.0.1:9/train.tsv"  # nothing listens
     with pytest.raises(AblateError) as err:
