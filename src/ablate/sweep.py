@@ -8,6 +8,8 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -47,6 +49,13 @@ def _sweep_name(config: DictConfig) -> str:
     return " ".join(["sweep", *kept])[:250]
 
 
+def _is_train(config: DictConfig) -> bool:
+    """Whether the sweep is ``python -m ablate.train --multirun`` (not an lr study's)."""
+    return config.hydra.job.name == "train" and config.hydra.sweeper._target_.endswith(
+        "BasicSweeper"
+    )
+
+
 class Sweep(Callback):
     """Prepares the store; opens and closes a sweep's parent run."""
 
@@ -80,6 +89,7 @@ class Sweep(Callback):
         self.parent = {
             "id": run.info.run_id, "uri": uri, "experiment": config.tracking.experiment,
             "sweep_dir": sweep_dir, "ended": False,
+            "overrides": list(config.hydra.overrides.task) if _is_train(config) else None,
         }  # fmt: skip
         atexit.register(self._end, completed=False)  # a failed or interrupted sweep ends too
         pass_on(self._stopped)  # a stop signal reaches the jobs, then ends the sweep KILLED
@@ -95,43 +105,104 @@ class Sweep(Callback):
         if p is None or p["ended"]:
             return
         p["ended"] = True
-        end_sweep(p["id"], p["uri"], p["experiment"], p["sweep_dir"], completed, stopped_by)
+        end_sweep(
+            p["id"], p["uri"], p["experiment"], p["sweep_dir"], completed, stopped_by,
+            p["overrides"],
+        )  # fmt: skip
 
 
 def end_sweep(
     run_id: str, uri: str, experiment: str, sweep_dir: str, completed: bool,
-    stopped_by: str | None = None,
+    stopped_by: str | None = None, overrides: list[str] | None = None,
 ) -> str:  # fmt: skip
-    """Close a sweep's parent run: its status from its children's (KILLED when a signal
-    ``stopped_by`` stopped it), the report over them as its artifacts (``report/``), and the
-    summary printed with the command for the full report. Returns the status."""
+    """Close a sweep's parent run: its status from its runs' (its children and the FINISHED runs
+    its skipped jobs reused; KILLED when a signal ``stopped_by`` stopped it), the params its runs
+    share, a metric per strategy (the seeds' mean), the summary as its description and the report
+    as its artifacts (``report/``); the summary printed with the command for the full report.
+    A sweep that recorded no run at all is deleted: an empty run would pass for the latest
+    sweep. ``overrides``: the sweep's command line, to print the command that continues it.
+    Returns the status."""
     from mlflow.tracking import MlflowClient
+
+    from ablate.tracking.parent import REUSED
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     children = client.search_runs(
         [exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'"
     )
+    tags = client.get_run(run_id).data.tags
+    reused = [client.get_run(v) for k, v in tags.items() if k.startswith(REUSED)]
+    runs = children + reused
+    if not runs:
+        client.delete_run(run_id)
+        print(f"\nSweep ended with no run recorded; its empty MLflow run {run_id} is deleted.")
+        return "DELETED"
     counts: dict[str, int] = {}
     for child in children:
         counts[child.info.status] = counts.get(child.info.status, 0) + 1
-    ok = completed and set(counts) == {"FINISHED"}
-    status = "FINISHED" if ok else "KILLED" if stopped_by else "FAILED"
-    described = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
+    ok = completed and set(counts) <= {"FINISHED"}
+    killed = stopped_by or (not completed and "KILLED" in counts)
+    status = "FINISHED" if ok else "KILLED" if killed else "FAILED"
+    parts = [f"{n} {s}" for s, n in sorted(counts.items())]
+    parts += [f"{len(reused)} FINISHED earlier (reused)"] if reused else []
+    described = ", ".join(parts)
     if not completed:
         described += f"; stopped by {stopped_by}" if stopped_by else "; did not complete"
     client.set_tag(run_id, "ablate.jobs", described)
+    _shared_params(client, run_id, runs)
     summary = _report(client, run_id, uri, experiment)
     client.set_terminated(run_id, status)
     print(f"\nSweep {status}: {described}. MLflow run {run_id} in {uri} ({experiment}).")
     if summary:
         print(summary)
-    print(f'Full report: make report ARGS="--sweep {sweep_dir}"\n')
+    print(f'Full report: make report ARGS="--sweep {sweep_dir}"')
+    if status != "FINISHED" and overrides is not None:
+        again = [a for a in ("skip_finished=true", "trainer.resume=true") if a not in overrides]
+        line = shlex.join(["python", "-m", "ablate.train", "--multirun", *overrides, *again])
+        print(f"Continue it (finished jobs are skipped, killed ones resumed): {line}")
+    print()
     return status
 
 
+def _shared_params(client, run_id: str, runs: list) -> None:
+    """The params every run of the sweep logged with one value: the grid's common settings."""
+    from mlflow.entities import Param
+
+    common = dict(runs[0].data.params)
+    for r in runs[1:]:
+        common = {k: v for k, v in common.items() if r.data.params.get(k) == v}
+    items = sorted(common.items())
+    for i in range(0, len(items), 100):  # MLflow's limit of params per batch
+        client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + 100]])
+
+
+_METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]+")  # what an MLflow metric name may not hold
+
+
+def _summary_metrics(client, run_id: str, summary) -> None:
+    """A metric per strategy, the seeds' mean (``dev_accuracy/none``; with several panels,
+    ``dev_accuracy/<panel>/none``), on the sweep's run, as fractions like its runs' metrics."""
+    from mlflow.entities import Metric
+
+    several = summary.panel.nunique() > 1
+    now, metrics = int(time.time() * 1000), []
+    for row in summary.itertuples():
+        where = f"{_METRIC_UNSAFE.sub('_', row.panel)}/" if several else ""
+        for split in ("dev", "test"):
+            value = getattr(row, f"{split}_mean_pct")
+            if value == value:  # not NaN
+                name = f"{split}_{row.metric}/{where}{row.strategy}"
+                metrics.append(Metric(name, value / 100, now, 0))
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
+
+
 def _report(client, run_id: str, uri: str, experiment: str) -> str:
-    """The report over a sweep's children, logged as the parent's ``report/``; its tables."""
+    """The report over a sweep's runs, logged as the parent's ``report/``, its metrics and
+    description; returns its tables."""
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
+
     from ablate.report import build, load_runs, write
     from ablate.report.render import tables
 
@@ -140,6 +211,9 @@ def _report(client, run_id: str, uri: str, experiment: str) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             write(report, tmp)
             client.log_artifacts(run_id, tmp, "report")
+        text = tables(report)
+        _summary_metrics(client, run_id, report.summary)
+        client.set_tag(run_id, MLFLOW_RUN_NOTE, f"{text}\nThe full report: Artifacts, report/.")
     except AblateError as exc:
         client.set_tag(run_id, "ablate.report", str(exc)[:5000])
         return ""
@@ -147,4 +221,4 @@ def _report(client, run_id: str, uri: str, experiment: str) -> str:
         client.set_tag(run_id, "ablate.report", f"the report failed: {exc!r}"[:5000])
         print(f"warning: the sweep's report failed: {exc!r}", file=sys.stderr)
         return ""
-    return tables(report)
+    return text

@@ -81,6 +81,9 @@ class Journal:
     def tags(self, tags: Mapping[str, Any]) -> None:
         self.add("tags", tags={k: str(v) for k, v in tags.items()})
 
+    def untag(self, keys: Iterable[str]) -> None:
+        self.add("untag", keys=list(keys))
+
     def metrics(self, metrics: Mapping[str, float], step: int | None) -> None:
         values = {k: float(v) for k, v in metrics.items()}
         self.add("metrics", metrics=values, step=step or 0, ts=int(time.time() * 1000))
@@ -96,6 +99,13 @@ class Journal:
 
     def dataset(self, name: str, source: str, digest: str, context: str) -> None:
         self.add("dataset", name=name, source=source, digest=digest, context=context)
+
+    def model(self, folder: str, name: str) -> None:
+        """The MLflow model saved in ``folder`` (copied here), logged as the run's logged model
+        ``name``: ``runs:/<run id>/<name>``."""
+        n = self._count
+        shutil.copytree(folder, self.folder / _FILES / str(n))
+        self.add("model", folder=f"{_FILES}/{n}", name=name)
 
     def end(self, status: str) -> None:
         self.ended = True
@@ -182,12 +192,18 @@ class Journal:
         elif op == "metrics":
             c.log_batch(run, metrics=[Metric(k, v, e["ts"], e["step"])
                                       for k, v in e["metrics"].items()])  # fmt: skip
+        elif op == "untag":
+            for k in e["keys"]:
+                if k in c.get_run(run).data.tags:  # a replay may send it twice
+                    c.delete_tag(run, k)
         elif op == "text":
             c.log_text(run, e["text"], e["path"])
         elif op == "files":
             c.log_artifacts(run, str(self.folder / e["folder"]), e["path"])
         elif op == "dataset":
             _log_dataset(c, run, e)
+        elif op == "model":
+            _log_model(c, run, self.folder / e["folder"], e["name"])
         elif op == "end":
             c.set_terminated(run, e["status"], end_time=e["ts"])
         elif op != "run":
@@ -241,3 +257,29 @@ def _log_dataset(client: MlflowClient, run_id: str, e: Mapping[str, str]) -> Non
             if "UNIQUE" not in str(exc).upper() or attempt == 4:
                 raise
             time.sleep(0.2 * (attempt + 1))
+
+
+def _log_model(client: MlflowClient, run_id: str, folder: Path, name: str) -> None:
+    """What ``mlflow.<flavour>.log_model`` does in the store, for a model already saved: a
+    LoggedModel with the run's params, named as the run's output, holding ``folder``."""
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model
+
+    run = client.get_run(run_id)
+    experiment = run.info.experiment_id
+    # A send cut short by an outage is tried again: the model it created is taken up, not doubled
+    found = client.search_logged_models([experiment], filter_string=f"name = '{name}'")
+    model = next((m for m in found if m.source_run_id == run_id), None)
+    if model is None:
+        model = client.create_logged_model(
+            experiment, name=name, source_run_id=run_id, params=run.data.params
+        )
+    outputs = run.outputs.model_outputs if run.outputs else []
+    if model.model_id not in {o.model_id for o in outputs}:
+        client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
+    mlmodel = Model.load(str(folder))  # it names its logged model, as log_model's does
+    mlmodel.run_id, mlmodel.model_id, mlmodel.model_uuid = run_id, model.model_id, model.model_id
+    mlmodel.artifact_path = model.artifact_location
+    mlmodel.save(str(folder / "MLmodel"))
+    client.log_model_artifacts(model.model_id, str(folder))
+    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)

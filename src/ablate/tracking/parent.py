@@ -10,6 +10,9 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 
 FILE = "mlflow_sweep.json"
+# Tag prefix on a sweep's run: ``<REUSED><job number>`` names the FINISHED run that job reused
+# (``skip_finished``), one of the sweep's runs as much as its children are.
+REUSED = "ablate.reused."
 
 
 def record(sweep_dir: str | Path, run_id: str, uri: str) -> None:

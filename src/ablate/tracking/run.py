@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,8 @@ from ablate.tracking import procs
 from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
-from ablate.tracking.parent import sweep_parent
+from ablate.tracking.params import flatten, selected
+from ablate.tracking.parent import REUSED, recorded, sweep_parent
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
 
@@ -82,18 +83,6 @@ def latest_run(
             if r.data.tags.get("ablate.checkpoint_dir", "").startswith(inside + os.sep)
         ]  # fmt: skip
     return runs[0] if runs else None
-
-
-def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
-    """Nested mapping -> {"a.b.c": leaf}; lists stay leaves (MLflow params are flat strings)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 # Overrides already in a run's name, or that change where it goes rather than what it computes.
@@ -147,6 +136,17 @@ def _sweep_tags() -> dict[str, str]:
     hc = HydraConfig.get()
     job_num = OmegaConf.select(hc, "job.num", default=None)
     return {"hydra.sweep_dir": str(Path(hc.sweep.dir).resolve()), "hydra.job_num": str(job_num)}
+
+
+def reused(twin) -> None:
+    """In a sweep, record on its run that this job reused the FINISHED run ``twin``
+    (``skip_finished``): the sweep's report and status count it as one of its runs."""
+    if not in_multirun() or (found := recorded(HydraConfig.get().sweep.dir)) is None:
+        return
+    job = OmegaConf.select(HydraConfig.get(), "job.num", default=None)
+    MlflowClient(tracking_uri=found["uri"]).set_tag(
+        found["run_id"], f"{REUSED}{job}", twin.info.run_id
+    )
 
 
 def in_multirun() -> bool:
@@ -251,7 +251,10 @@ def finished_twin(cfg: DictConfig):
 
 
 @contextmanager
-def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> Iterator[Run]:
+def start_run(
+    cfg: DictConfig, data_sha256: Mapping[str, str] | None = None,
+    strategy_keys: Iterable[str] | None = None, resumable: Callable[[Any], bool] | None = None,
+) -> Iterator[Run]:  # fmt: skip
     """Open this job's MLflow run: the resolved config as params, a few tags, ``config.yaml``
     and ``.hydra/`` as artifacts, system metrics while it runs; in a sweep, a child of the
     sweep's run.
@@ -261,7 +264,11 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
     goes on with the next one. With ``trainer.resume=true`` the newest KILLED run of the same
     config is reopened (``Run.resumed``) instead of starting a new one. ``data_sha256``: the
     split files' hashes, when the caller has them (else the identity locates the files again).
-    Its record is journaled in the job folder (``tracking.outage_min``, ``ablate.tracking.replay``).
+    ``strategy_keys``: the ``freeze`` keys the run's strategy reads (its params leave the others
+    out; None keeps them all). ``resumable(run)``: whether a KILLED run left something to resume
+    from; one that did not (killed in its first epoch) is started over as a new run, and the
+    KILLED one deleted (MLflow can delete a run, not a metric). Its record is journaled in the
+    job folder (``tracking.outage_min``, ``ablate.tracking.replay``).
     """
     from mlflow.tracking.context import registry as context
 
@@ -273,6 +280,16 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
     resumed = latest_run(client, experiment_id, ident, "KILLED", folder) if folder else None
     if not resumed and cfg.trainer.resume:
         resumed = latest_run(client, experiment_id, ident, "KILLED")
+    started_over = {}
+    if resumed is not None and resumable is not None and not resumable(resumed):
+        old = resumed.info.run_id
+        log.warning(
+            "run %s was KILLED before its first epoch checkpoint: nothing to resume, so it starts "
+            "over as a new run (the KILLED one is deleted; mlflow runs restore --run-id %s "
+            "brings it back)", old, old,
+        )  # fmt: skip
+        client.delete_run(old)
+        resumed, started_over = None, {"ablate.started_over": old}
     this_process = {
         "ablate.process": json.dumps(process()),
         "ablate.heartbeat": f"{time.time():.0f}",
@@ -297,7 +314,10 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
         try:
             if resumed is None:  # a reopened run keeps its params (re-logging one would raise)
                 resolved = OmegaConf.to_container(cfg, resolve=True)
-                run.journal.params(flatten(resolved))
+                run.journal.params(
+                    flatten(resolved) if strategy_keys is None
+                    else selected(cfg, strategy_keys, _named())
+                )  # fmt: skip
                 run.text(OmegaConf.to_yaml(resolved), "config.yaml")
                 if HydraConfig.initialized():
                     hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
@@ -305,6 +325,7 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
                         run.artifacts(str(hydra_dir), ".hydra")
             else:
                 run.tags({"ablate.resumed": "true"})
+            run.tags(started_over)
             env = environment()
             run.tags({**_git(), "device": env["device"], **_sweep_tags()})
             run.tags({"ablate.identity": ident, **this_process})
@@ -325,6 +346,8 @@ def start_run(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> 
             _end_keeping(run, "FAILED", wait)
             raise
         else:
+            if resumed is not None and "error" in resumed.data.tags:  # why it stopped, before
+                run.journal.untag(["error"])
             run.end("FINISHED", wait)
 
 
@@ -335,6 +358,13 @@ def _end_keeping(run: Run, status: str, wait_min: float) -> None:
         run.end(status, wait_min)
     except AblateError as exc:
         log.error("%s", exc)
+
+
+def _named() -> list[str]:
+    """The keys this job's command line sets (``+``/``~`` aside)."""
+    if not HydraConfig.initialized():
+        return []
+    return [o.lstrip("+~").partition("=")[0] for o in HydraConfig.get().overrides.task]
 
 
 def journal_folder(run_id: str) -> Path:

@@ -17,6 +17,12 @@ from ablate.errors import AblateError
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
+# MLflow's UI opens an experiment on the page its kind names; untagged, it guesses and may open
+# the GenAI traces overview. A user's own choice (set in the UI) is kept.
+EXPERIMENT_KIND = "mlflow.experimentKind"
+KIND = {EXPERIMENT_KIND: "custom_model_development"}
+
+
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """Fail at once, not after an hour of training, if the store can't be used.
 
@@ -89,10 +95,12 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
             if exp is None:
                 try:
                     return client.create_experiment(
-                        experiment, artifact_location=artifact_root(uri)
+                        experiment, artifact_location=artifact_root(uri), tags=KIND
                     )
                 except MlflowException:  # another process (or server client) created it first
                     exp = client.get_experiment_by_name(experiment)
+            if EXPERIMENT_KIND not in exp.tags:  # an experiment made before, or by MLflow itself
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, KIND[EXPERIMENT_KIND])
     except MlflowException as exc:
         raise AblateError(f"tracking.uri={uri}: the MLflow store is not usable: {exc}") from exc
     if exp.lifecycle_stage == "deleted":

@@ -4,6 +4,7 @@ it, and removing them once the run finishes."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import tempfile
@@ -25,16 +26,20 @@ def folder() -> Iterator[str]:
     A run that fails before its first checkpoint leaves nothing in it to resume from, so the
     empty folder is removed; one with checkpoints stays for ``trainer.resume``.
     """
-    if HydraConfig.initialized():
-        path = str(Path(HydraConfig.get().runtime.output_dir) / "trainer")
-    else:
-        path = tempfile.mkdtemp(prefix="ablate-")
+    path = job_path() or tempfile.mkdtemp(prefix="ablate-")
     try:
         yield path
     except BaseException:
         with contextlib.suppress(OSError):  # not empty (checkpoints) or never created
             Path(path).rmdir()
         raise
+
+
+def job_path() -> str | None:
+    """The checkpoint folder of this Hydra job (``<job folder>/trainer``); None outside Hydra."""
+    if not HydraConfig.initialized():
+        return None
+    return str(Path(HydraConfig.get().runtime.output_dir) / "trainer")
 
 
 def last_complete(path: str) -> str | None:
@@ -49,6 +54,20 @@ def last_complete(path: str) -> str | None:
         if (checkpoint / "trainer_state.json").is_file() and any(checkpoint.glob("*.safetensors")):
             return str(checkpoint)
     return None
+
+
+def resumable(run) -> bool:
+    """Whether the KILLED run ``run`` (an MLflow run) left an epoch checkpoint to resume from."""
+    path = run.data.tags.get(FOLDER_TAG, "")
+    return bool(path) and last_complete(path) is not None
+
+
+def epochs_done(path: str) -> int:
+    """The epochs the last complete checkpoint in ``path`` holds (0: none yet)."""
+    last = last_complete(path) if path else None
+    if last is None:
+        return 0
+    return round(json.loads((Path(last) / "trainer_state.json").read_text()).get("epoch") or 0)
 
 
 def resume_from(resumed) -> str | None:

@@ -1,0 +1,75 @@
+"""What a run logs as MLflow params: what a researcher set or compares, not the whole config.
+
+The whole resolved config goes to the run's ``config.yaml`` artifact (and ``.hydra/``); the data
+files' URLs and sha256 to its datasets and ``run.json``. The params keep each group's keys that
+say what was computed, the chosen strategy's own ``freeze`` keys (not the other strategies'),
+and a speed switch only where it is set away from its default or named on the command line.
+A key left out is at its schema default: ``defaults()`` gives those values, so runs logged with
+every key and runs logged with these compare alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from ablate import config
+from ablate.speed import registry
+
+# Pins of the data files (URL, sha256): the run's datasets and run.json hold them.
+PINS = "data.splits."
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    """Nested mapping -> {"a.b.c": leaf}; lists stay leaves (MLflow params are flat strings)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def selected(
+    cfg: DictConfig, strategy_keys: Iterable[str], named: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The params of a run of ``cfg``: ``strategy_keys`` are the ``freeze`` keys its strategy
+    reads, ``named`` the keys given on the command line (kept even at their default)."""
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
+    identity = config.flags("identity")
+    switches = {s.key: s.default for s in registry.SWITCHES}
+    own = {"freeze.name", "freeze.strategy", *(f"freeze.{k}" for k in strategy_keys)}
+    named = set(named)
+    kept = {}
+    for key, value in flat.items():
+        if key.startswith(PINS) or not identity.get(key, True):
+            continue
+        if key.startswith("freeze.") and key not in own:
+            continue
+        if key in switches and value == switches[key] and key not in named:
+            continue
+        kept[key] = value
+    return kept
+
+
+@functools.cache
+def defaults() -> dict[str, str]:
+    """Every schema key that has a default, as MLflow logs it (a string), by dotted key."""
+    out = {}
+    for name, f in config.schema_keys():
+        if f.default is not dataclasses.MISSING and f.default is not MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        if isinstance(value, str) and "${" in value:  # resolved per machine (a path, a URI)
+            continue
+        out[name] = str(value)
+    return out
