@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from ablate import config, tasks
 from ablate.errors import AblateError
+from ablate.overrides import check as check_overrides
 from ablate.report.load import MlflowException
 from ablate.report.lrsearch import Best, Study, all_studies, best, table
 from ablate.tracking.signals import pass_on
@@ -139,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     failed = []
     try:
+        check_overrides(args.overrides)  # an unknown key or option: before any study runs
         options, overrides = for_studies(args.overrides)
         trials = {o: compose_trial(o, overrides, hydra=True) for o in options or [None]}
         if args.report_only and not options:

@@ -1,0 +1,258 @@
+"""Strict command lines: every override names a key of the schema or an option that exists.
+
+Hydra's ``+key=value`` adds any key, so ``+trainer.lrr=1e-4`` would train at the default lr under
+a run named for an lr it never used. ``check`` reads a command line's overrides the way Hydra
+will (its parser, its search path: ``conf/``, ``--config-dir``, ``hydra.searchpath``, search path
+plugins) before Hydra composes anything or a sweep opens its parent run. A key outside the schema
+(``ablate.config``, extension switches included), with ``+`` or without, and an option that no
+config group holds (every value of a sweep) are one ``AblateError`` line naming the closest allowed
+names (difflib) and the allowed ones. Only keys under a dict or list key (``tracking.tags``,
+``model.config_overrides``, ``data.splits``, ...) are free.
+
+Only Hydra, OmegaConf and the schema are imported here, so errors answer at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from hydra.core.object_type import ObjectType
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, ValueType
+from hydra.errors import HydraException
+
+from ablate import config, extensions
+from ablate.errors import AblateError
+
+CONFIG_NAME = "train"
+HELP = "python -m ablate.train --help"
+
+
+class Repository:
+    """The config groups and options Hydra finds for a command line's overrides (with their
+    ``hydra.searchpath``), from a Hydra config loader."""
+
+    def __init__(self, loader: Any, overrides: Sequence[str], config_name: str = CONFIG_NAME):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unavailable search path: Hydra warns itself
+            _, self.repo = loader._parse_overrides_and_create_caching_repo(
+                config_name, list(overrides)
+            )
+
+    @classmethod
+    def for_command_line(
+        cls, overrides: Sequence[str], config_dir: str | None = None,
+        config_name: str = CONFIG_NAME,
+    ) -> Repository:  # fmt: skip
+        """The repository ``python -m ablate.train`` composes from, as Hydra builds it."""
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra._internal.utils import create_config_search_path
+        from hydra.core.config_search_path import SearchPathQuery
+
+        search_path = create_config_search_path(str(config.conf_dir()))
+        if config_dir and os.path.isdir(config_dir):
+            search_path.prepend(
+                provider="command-line",
+                path=f"file://{os.path.abspath(config_dir)}",
+                anchor=SearchPathQuery(provider="schema"),
+            )
+        return cls(ConfigLoaderImpl(config_search_path=search_path), overrides, config_name)
+
+    def is_group(self, name: str) -> bool:
+        """Whether ``name`` (``freeze``, ``hydra/launcher``) is a config group."""
+        return self.repo.group_exists(name)
+
+    def options(self, group: str) -> list[str]:
+        """The options of ``group``, over every source of the search path."""
+        return sorted(self.repo.get_group_options(group, ObjectType.CONFIG))
+
+    def groups(self, parent: str = "") -> list[str]:
+        """Every config group under ``parent`` that holds options, nested ones included."""
+        found = []
+        for name in self.repo.get_group_options(parent, ObjectType.GROUP):
+            group = f"{parent}/{name}" if parent else name
+            if self.options(group):
+                found.append(group)
+            found += self.groups(group)
+        return sorted(found)
+
+    def doc(self, group: str, option: str) -> str:
+        """An option's one-line description: its file's first comment line, else its ``name``."""
+        path = f"{group}/{option}"
+        for source in self.repo.get_sources():
+            if not source.is_config(path):
+                continue
+            if (text := _source_text(source, f"{path}.yaml")) and (line := first_comment(text)):
+                return line
+            loaded = source.load_config(path).config
+            name = loaded.get("name") if hasattr(loaded, "get") else None
+            return f"name: {name}" if isinstance(name, str) and "${" not in name else ""
+        return ""
+
+
+def first_comment(text: str) -> str:
+    """The first comment line of a YAML file, ``# @package`` headers aside."""
+    for line in text.splitlines():
+        if line.startswith("#") and not re.match(r"#\s*@", line):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _source_text(source: Any, path: str) -> str | None:
+    """The raw text of ``path`` in a file or package config source (None: another kind)."""
+    try:
+        if source.scheme() == "file":
+            return (Path(source.path) / path).read_text(encoding="utf-8")
+        if source.scheme() == "pkg":
+            return resources.files(source.path).joinpath(path).read_text(encoding="utf-8")
+    except (OSError, ModuleNotFoundError):
+        pass
+    return None
+
+
+def schema_keys() -> dict[str, dataclasses.Field]:
+    """Every leaf key of the schema by dotted name (extension switches included)."""
+    return dict(config.schema_keys())
+
+
+def _is_container(f: dataclasses.Field) -> bool:
+    return re.search(r"\b(dict|list|Dict|List)\b", str(f.type)) is not None
+
+
+def is_key(key: str, keys: dict[str, dataclasses.Field]) -> bool:
+    """Whether ``key`` is a schema key, a group's node, or lies under a dict or list key."""
+    if key in keys or key in config.GROUPS:
+        return True
+    parts = key.split(".")
+    prefixes = (".".join(parts[:i]) for i in range(1, len(parts)))
+    return any(p in keys and _is_container(keys[p]) for p in prefixes)
+
+
+def guess(word: str, allowed: Sequence[str], prefix: str = "") -> str:
+    """`` did you mean 'x'?`` (or 'x' or 'y'), the closest of ``allowed`` (each shown after
+    ``prefix``), or nothing."""
+    close = difflib.get_close_matches(word, allowed, n=3)
+    if close:  # the best, and those nearly as close
+        score = [difflib.SequenceMatcher(None, word, c).ratio() for c in close]
+        close = [c for c, s in zip(close, score, strict=True) if s >= score[0] - 0.1]
+    return f" did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else ""
+
+
+def _values(o: Override) -> list[str]:
+    """The options a group override selects; a glob or an empty choice selects no named one."""
+    value = o.value()
+    if value is None or o.value_type in (ValueType.GLOB_CHOICE_SWEEP, ValueType.INTERVAL_SWEEP):
+        return []
+    if o.is_discrete_sweep():
+        return list(o.sweep_string_iterator())
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _option_problem(o: Override, repo: Repository) -> str | None:
+    group = o.key_or_group
+    options = repo.options(group)
+    bad = [v for v in _values(o) if v not in options]
+    if not bad:
+        return None
+    return (
+        f"{o.input_line}: {group} has no option {bad[0]!r};{guess(bad[0], options)} "
+        f"Available options in '{group}': {', '.join(options)}"
+    )
+
+
+def _key_problem(o: Override, repo: Repository) -> str | None:
+    key = o.key_or_group
+    if "/" in key:  # a group path that names no group
+        groups = repo.groups()
+        return (
+            f"{o.input_line}: no config group {key!r};{guess(key, groups)} "
+            f"Groups: {', '.join(groups)}"
+        )
+    if o.is_hydra_override():
+        return None  # Hydra's own schema checks its keys
+    keys = schema_keys()
+    if is_key(key, keys):
+        return None
+    node, _, leaf = key.partition(".")
+    if node in config.GROUPS:
+        fields = [k.removeprefix(f"{node}.") for k in keys if k.startswith(f"{node}.")]
+        return (
+            f"{o.input_line}: {node} has no key {leaf!r};{guess(leaf, fields, f'{node}.')} "
+            f"Keys of {node}: {', '.join(fields)} ({HELP})"
+        )
+    groups = [g for g in repo.groups() if "/" not in g and g != "local"]
+    top = sorted({k.split(".")[0] for k in keys} | set(groups))
+    return (
+        f"{o.input_line}: {key!r} is no config key;{guess(key, sorted({*keys, *top}))} "
+        f"Top-level keys and groups: {', '.join(top)} ({HELP})"
+    )
+
+
+def check(
+    overrides: Sequence[str], config_dir: str | None = None, config_name: str = CONFIG_NAME
+) -> None:
+    """Raise an ``AblateError`` naming every override of an unknown key or option.
+
+    An override Hydra cannot parse, or a search path it refuses, is left to Hydra's own message.
+    """
+    extensions.load()  # an extension's switches are keys of the schema
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        repo = Repository.for_command_line(overrides, config_dir, config_name)
+    except HydraException:
+        return
+    problems = []
+    for o in parsed:
+        if repo.is_group(o.key_or_group):
+            problems.append(_option_problem(o, repo))
+        else:
+            problems.append(_key_problem(o, repo))
+    if found := [p for p in problems if p]:
+        raise AblateError("; ".join(found))
+
+
+def before_hydra(argv: Sequence[str]) -> None:
+    """What ``python -m ablate.train ARGV`` does before Hydra: ``check`` its overrides (a bad one:
+    one line on stderr, exit status 2) and answer ``--help`` (``ablate.helptext``)."""
+    from hydra._internal.utils import get_args_parser
+
+    from ablate import helptext
+
+    helptext.register()  # the help template's resolver, for Hydra's own --help too
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    if args.shell_completion or args.config_path:
+        return  # another primary config folder: Hydra's own checks
+    try:
+        check(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
+        if args.help and not (args.config_dir or args.config_name):
+            print(helptext.render(args.overrides))
+            raise SystemExit(0)
+    except AblateError as exc:
+        print(f"ablate: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def strict(app: Callable[..., Any]) -> Callable[..., Any]:
+    """``app`` (a ``hydra.main`` function) that runs ``before_hydra`` on its command line first,
+    before Hydra composes or a sweep opens its parent run. Called with a config, ``app`` runs as
+    is."""
+
+    @functools.wraps(app)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
+            before_hydra(sys.argv[1:])
+        return app(*args, **kwargs)
+
+    return checked

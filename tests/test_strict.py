@@ -1,0 +1,218 @@
+"""Strict command lines (``ablate.overrides``) and ``--help`` (``ablate.helptext``), through the
+real CLI and real Hydra composition."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, logged_runs, run_cli, slice_overrides
+
+from ablate import config, helptext, overrides, search
+from ablate.errors import AblateError
+from ablate.speed import registry
+
+
+def refused(proc: subprocess.CompletedProcess) -> str:
+    """The one error line of a command refused before Hydra (exit status 2, no traceback)."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("ablate: error: ")
+    return line
+
+
+@pytest.mark.parametrize(
+    ("override", "meant", "allowed"),
+    [
+        ("+trainer.lrr=1e-4", "'trainer.lr'", "Keys of trainer: epochs, lr, batch_size"),
+        ("trainer.lrr=1e-4", "'trainer.lr'", "Keys of trainer: epochs, lr, batch_size"),
+        ("traner.lr=1e-4", "'trainer.lr'", "Top-level keys and groups: data, experiment, freeze"),
+        ("freeze=alternatin", "'alternating'", "Available options in 'freeze': all, alt,"),
+    ],
+)
+def test_an_unknown_key_or_option_is_one_line_and_opens_nothing(tmp_path, override, meant, allowed):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    line = refused(run_cli(override, f"tracking.uri={store}", f"hydra.run.dir={tmp_path}/run"))
+    assert override in line and f"did you mean {meant}" in line and allowed in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no store, no job folder
+
+
+def test_a_sweep_with_an_unknown_option_fails_before_its_parent_run(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli(
+        "--multirun", "freeze=none,alternatin", f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+    )  # fmt: skip
+    line = refused(proc)
+    assert "freeze has no option 'alternatin'; did you mean 'alternating'?" in line
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_the_installed_script_checks_too(tmp_path):
+    script = Path(sys.executable).parent / "ablate-train"
+    assert script.is_file(), "pip install -e . installs the ablate-train script"
+    proc = subprocess.run(
+        [str(script), "+trainer.lrr=1e-4", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "did you mean 'trainer.lr'" in refused(proc)
+    assert not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "found"),
+    [
+        (["+tracking.tags.a=b", "+tracking.tgs.a=b"], "tracking has no key 'tgs.a'"),
+        (["hydra/launcher=joblb"], "did you mean 'joblib'?"),
+        (["hydra/launchr=joblib"], "no config group 'hydra/launchr'; did you mean 'hydra/la"),
+        (["freez=lora"], "'freez' is no config key; did you mean 'freeze'?"),
+        (["~trainer.lrr"], "did you mean 'trainer.lr'?"),
+        (["freeze=[lora,bitfit]", "data=nija,ewt"], "data has no option 'nija'"),
+    ],
+)
+def test_check_names_the_bad_override_and_the_closest_names(given, found):
+    with pytest.raises(AblateError) as err:
+        overrides.check(given)
+    assert found in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["trainer.lr=3e-5", "seed=1,2,3", "seed=range(1,4)", "freeze=lora,bitfit,alt"],
+        ["+tracking.tags.owner=me", "+model.config_overrides.hidden_size=64"],
+        ["data.splits.train.file=x.conllu", "freeze.layers=[0,2]", "lr_study.freeze=[lora]"],
+        ["hydra/launcher=joblib", "experiment=fair", "hparams_search=lr"],
+        ["model=tiny", "data=ud", "data.treebank=UD_Naija-NSC", "+tracking.tags={a: b}"],
+        ["trainer.lr=tag(log,interval(1e-5,1e-3))", "~hydra.sweeper.params.seed"],
+        ["freeze=glob(*)", "hydra.sweep.dir=/tmp/x", "++trainer.lr=1e-4"],
+    ],
+)
+def test_valid_overrides_pass_the_check_and_compose(given):
+    overrides.check(given)
+    single = [g for g in given if "," not in g and "(" not in g and "hydra" not in g]
+    config.compose(*single)  # Hydra agrees: these compose
+
+
+def test_options_and_keys_of_a_search_path_and_an_extension(tmp_path):
+    (tmp_path / "freeze").mkdir()
+    (tmp_path / "freeze" / "mine.yaml").write_text("# Blocks 0..2 frozen, mine.\nname: mine\n"
+                                                   "first: 3\n")  # fmt: skip
+    path = f"hydra.searchpath=[file://{tmp_path}]"
+    overrides.check([path, "freeze=mine,none"])
+    with pytest.raises(AblateError, match="did you mean 'mine'"):
+        overrides.check([path, "freeze=mien"])
+    with pytest.raises(AblateError, match="freeze has no option 'mine'"):
+        overrides.check(["freeze=mine"])
+    text = helptext.render([path, "freeze=mine"])
+    assert re.search(r"^  \* mine +Blocks 0\.\.2 frozen, mine\.$", text, re.M)
+    assert "  freeze.first=3 " in text
+
+
+# An extension's switch (docs/extending.md), without its plugin's code, which imports torch
+EXTENSION = """from ablate.speed import registry
+
+registry.register(
+    registry.Switch("trainer.flush_denormal", bool, False, {"cpu": False, "cuda": False},
+                    registry.SAME_MATH, "flush denormal floats to zero", plugin="flush_denormal")
+)
+"""
+
+
+def test_an_extensions_switch_is_a_key_and_its_typo_is_not(tmp_path):
+    (tmp_path / "ablate_plugins").mkdir()
+    (tmp_path / "ablate_plugins" / "flush_denormal.py").write_text(EXTENSION)
+    shown = run_cli("trainer.flush_denormal=true", "--cfg", "job", cwd=tmp_path)
+    assert shown.returncode == 0 and "  flush_denormal: true" in shown.stdout, shown.stderr
+    line = refused(run_cli("+trainer.flush_denormall=true", cwd=tmp_path))
+    assert "did you mean 'trainer.flush_denormal'?" in line
+    assert "trainer.flush_denormal=false" in run_cli("--help", cwd=tmp_path).stdout
+
+
+def test_a_declared_plus_key_still_trains_and_is_recorded(slice_root, tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli(
+        *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
+        "+tracking.tags.owner=me",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = logged_runs(store)
+    assert run.info.status == "FINISHED" and run.data.tags["owner"] == "me"
+
+
+def test_search_refuses_an_unknown_option_before_any_study(store, capsys):
+    assert search.main(["freeze=lora,alternatin", f"tracking.uri={store}"]) == 2
+    assert "did you mean 'alternating'?" in capsys.readouterr().err
+    assert search.main(["--report-only", "+trainer.lrr=1e-4", f"tracking.uri={store}"]) == 2
+    assert "did you mean 'trainer.lr'?" in capsys.readouterr().err
+    assert not Path(store.removeprefix("sqlite:///")).exists()
+
+
+@pytest.fixture(scope="module")
+def help_text() -> str:
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    return proc.stdout
+
+
+def test_help_lists_every_group_option_and_key_with_its_doc(help_text):
+    for folder in sorted(p for p in config.conf_dir().iterdir() if p.is_dir()):
+        if folder.name in ("hydra", "local"):
+            continue
+        assert f"\n{folder.name}=\n" in help_text
+        for option in folder.glob("*.yaml"):
+            doc = overrides.first_comment(option.read_text())
+            assert re.search(rf"^  [ *] {option.stem} +{re.escape(doc[:40])}", help_text, re.M)
+    assert "  * none" in help_text and "  * naija" in help_text  # the composed choices
+    assert "$MLFLOW_TRACKING_URI if set" in help_text  # a `$` survives Hydra's template
+    for key, f in config.schema_keys():
+        if key in registry.BY_KEY:
+            assert f"{key}=" in help_text
+        else:
+            assert f"\n  {key}=" in help_text
+            assert f.metadata["doc"].split()[0] in help_text
+    assert "trainer.lr=5e-05" in help_text and "AdamW learning rate" in help_text
+    assert "hydra/launcher=  basic, joblib" in help_text
+
+
+def test_help_has_the_readme_examples_and_no_urls_or_checksums(help_text):
+    usage = re.search(r"## Usage\n\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    there = [line for line in usage[1].splitlines() if line.startswith("python -m ablate.train")]
+    section = help_text.split("== Examples (README.md) ==\n")[1].split("\n==")[0]
+    here = [line.strip() for line in section.splitlines() if "python -m" in line]
+    assert there and here == there
+    assert not re.search(r"[0-9a-f]{64}", help_text) and not re.search("https?://", help_text)
+
+
+def test_help_follows_the_command_line_and_keeps_hydras_flags():
+    proc = run_cli("freeze=lora", "trainer.lr=3e-5", "--help")
+    assert "  * lora " in proc.stdout and "\n  trainer.lr=3e-05 " in proc.stdout
+    assert "Hydra" in run_cli("--hydra-help").stdout
+    job = run_cli("--cfg", "job", "freeze=lora")
+    assert job.returncode == 0 and "  name: lora" in job.stdout
+    bad = refused(run_cli("trainer.epochs=five", "--help"))
+    assert "trainer.epochs=five" in bad and "Integer" in bad
+
+
+def test_help_is_as_quick_as_composing_and_loads_no_training_stack():
+    def seconds(*args: str) -> float:
+        start = time.perf_counter()
+        assert run_cli(*args).returncode == 0
+        return time.perf_counter() - start
+
+    helps = [seconds("--help") for _ in range(2)]
+    cfgs = [seconds("--cfg", "job") for _ in range(2)]
+    assert min(helps) < 2 * min(cfgs), (helps, cfgs)
+    probe = (
+        "import runpy, sys\nsys.argv = ['ablate.train', '--help']\n"
+        "try:\n    runpy.run_module('ablate.train', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print(sorted({'torch', 'transformers', 'mlflow', 'pandas'} & set(sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stderr
