@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import logged_runs, run_cli, run_info, slice_overrides, sweep_parents
+from conftest import compose_cfg, logged_runs, run_cli, run_info, slice_overrides, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate.config import project_root
 from ablate.data.files import sha256_of
 from ablate.tasks.pos import UPOS, read_conllu
+from ablate.tracking.params import selected
 
 
 def runs_of(store: str, experiment: str = "ablate"):
@@ -56,8 +57,8 @@ def test_the_job_log_has_one_line_per_epoch_and_no_library_noise(single_run):
         assert noise not in log, noise
 
 
-def test_params_are_the_resolved_config(single_run, slice_root):
-    _, run, _ = single_run
+def test_params_are_what_a_researcher_set_or_compares(single_run, slice_root, tmp_path):
+    client, run, _ = single_run
     p = run.data.params
     assert (p["data.name"], p["freeze.name"], p["model.name"], p["seed"]) == (
         "UD_Naija-Slice",
@@ -66,8 +67,22 @@ def test_params_are_the_resolved_config(single_run, slice_root):
         "42",
     )
     assert p["trainer.lr"] == "5e-05" and p["trainer.epochs"] == "2" and p["freeze.every"] == "2"
-    assert p["data.root"] == str(slice_root) and p["data.max_length"] == "24"
+    assert p["data.max_length"] == "24" and len(p) <= 40
     assert not {"data", "freeze", "model"} & set(p)  # no copies beside the config's own keys
+    # where it went, other strategies' keys, switches at their default and the data's pins are
+    # in config.yaml (and the datasets), not params
+    assert not [k for k in p if k.startswith(("tracking.", "lr_study.", "data.splits."))]
+    assert not {"data.root", "freeze.r", "freeze.decay", "trainer.fused_adamw"} & set(p)
+    saved = client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))
+    full = Path(saved).read_text()
+    assert f"root: {slice_root}" in full and "fused_adamw: true" in full and "r: 8" in full
+
+
+def test_a_switch_named_on_the_command_line_is_a_param_even_at_its_default():
+    cfg = compose_cfg("freeze=lora", "trainer.fused_adamw=true", "trainer.length_grouping=off")
+    p = selected(cfg, ("r", "alpha", "dropout", "target_modules"), ["trainer.fused_adamw"])
+    assert p["trainer.fused_adamw"] is True and p["trainer.length_grouping"] == "off"
+    assert p["freeze.r"] == 8 and "freeze.decay" not in p and "freeze.first" not in p
 
 
 def test_dev_accuracy_per_epoch_and_final_metrics(single_run, slice_root):
@@ -174,6 +189,41 @@ def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tm
     assert "Sweep FINISHED: 4 FINISHED." in proc.stdout
     assert "| none |" in proc.stdout and "| all |" in proc.stdout
     assert f'make report ARGS="--sweep {tmp_path / "sweep"}"' in proc.stdout
+    # the sweep's run page: the params its jobs share, the seeds' mean per strategy, the summary
+    assert parent.data.params["trainer.epochs"] == "1" and "freeze.name" not in parent.data.params
+    by_strategy = {r.data.params["freeze.name"]: r.data.metrics["dev_accuracy"] for r in runs}
+    assert {k: v for k, v in parent.data.metrics.items() if k.startswith("dev_accuracy/")} == {
+        f"dev_accuracy/{f}": pytest.approx(v) for f, v in by_strategy.items()
+    }
+    assert "| none |" in parent.data.tags["mlflow.note.content"]
+    # the experiment opens on its runs in MLflow's UI, not on the GenAI overview
+    kind = client.get_experiment_by_name("grid").tags["mlflow.experimentKind"]
+    assert kind == "custom_model_development"
+
+    # started again as after a preemption: every job FINISHED earlier, so the sweep is FINISHED
+    # at once, its report over those runs
+    again = run_cli(
+        "--multirun", *slice_overrides(slice_root, store, tmp_path / "again"),
+        "freeze=none,all,first2,alt", "tracking.experiment=grid", "trainer.epochs=1",
+        "skip_finished=true", "trainer.resume=true",
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Sweep FINISHED: 4 FINISHED earlier (reused)." in again.stdout
+    assert len(runs_of(store, "grid")[1]) == 4  # no new training run
+    second = next(p for p in sweep_parents(store, "grid") if p.info.run_id != parent.info.run_id)
+    assert second.info.status == "FINISHED"
+    assert second.data.metrics["dev_accuracy/alt"] == pytest.approx(by_strategy["alt"])
+
+
+def test_a_sweep_that_recorded_no_run_leaves_none(store, capsys):
+    from ablate import sweep
+
+    client = MlflowClient(store)
+    exp = client.create_experiment("grid")
+    parent = client.create_run(exp).info.run_id  # its jobs failed before opening a run
+    assert sweep.end_sweep(parent, store, "grid", "sweep", completed=False) == "DELETED"
+    assert client.get_run(parent).info.lifecycle_stage == "deleted"
+    assert "no run recorded" in capsys.readouterr().out
 
 
 def test_a_sweep_whose_report_fails_still_closes_its_run(store, monkeypatch, capsys):

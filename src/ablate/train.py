@@ -13,12 +13,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ablate import config, extensions
+from ablate import config, extensions, overrides
 
 log = logging.getLogger("ablate")
 extensions.load()  # before Hydra composes: an extension's switches join the schema
 
 
+@overrides.strict  # a bad override: one line, exit 2, before Hydra composes or a sweep opens
 @hydra.main(version_base="1.3", config_path=str(config.conf_dir()), config_name="train")
 def main(cfg: DictConfig) -> float:
     """Train and evaluate one configuration; returns the best dev score of the task's primary
@@ -27,6 +28,7 @@ def main(cfg: DictConfig) -> float:
     from ablate.errors import AblateError
     from ablate.tracking import run as tracking
 
+    run = None  # the MLflow run, once it is open
     try:
         primary = tasks.get(cfg.data.task).primary_metric
         if cfg.freeze.name in cfg.lr_study.freeze:
@@ -36,16 +38,25 @@ def main(cfg: DictConfig) -> float:
                 "skip_finished: identical config already FINISHED as run %s (%s); skipping",
                 twin.info.run_name, twin.info.run_id,
             )  # fmt: skip
+            tracking.reused(twin)  # the sweep reports over it as one of its runs
             return twin.data.metrics.get(f"best_dev_{primary}", float("nan"))
         from ablate.training.resources import set_wait_policy
 
         set_wait_policy(cfg)  # before torch loads OpenMP
+        from ablate.strategies import STRATEGIES
+        from ablate.training import checkpoints
         from ablate.training.fit import fit
         from ablate.training.prepare import prepare
 
         prepared = prepare(cfg)  # everything checked before a run is opened
-        with tracking.start_run(cfg, prepared.files.sha256) as run:
+        keys = STRATEGIES[cfg.freeze.strategy].keys
+        with tracking.start_run(
+            cfg, prepared.files.sha256, keys, checkpoints.resumable
+        ) as run:  # fmt: skip
             results = fit(cfg, prepared, run)
+    except KeyboardInterrupt:
+        _interrupted(cfg, run)
+        raise SystemExit(130) from None
     except AblateError as exc:
         log.error("%s", exc)
         if tracking.in_multirun():
@@ -59,6 +70,37 @@ def main(cfg: DictConfig) -> float:
         results[f"test_{primary}"], uri, cfg.tracking.experiment, where,
     )  # fmt: skip
     return results[f"best_dev_{primary}"]
+
+
+def _interrupted(cfg: DictConfig, run) -> None:
+    """Ctrl-C: one line that says where the run stands and the command that continues it; the
+    traceback goes to the job log only."""
+    import shlex
+    import traceback
+
+    from ablate.training import checkpoints
+
+    for handler in logging.getLogger().handlers:  # Hydra's job log file, not the console
+        if isinstance(handler, logging.FileHandler):
+            handler.stream.write(traceback.format_exc())
+            handler.flush()
+    if run is None:
+        log.error("interrupted before the run opened: nothing was recorded")
+        return
+    from hydra.core.hydra_config import HydraConfig
+
+    from ablate.tracking.run import run_name
+
+    given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    resume = [] if "trainer.resume=true" in given else ["trainer.resume=true"]
+    command = shlex.join(["python", "-m", "ablate.train", *given, *resume])
+    done = checkpoints.epochs_done(checkpoints.job_path() or "") if cfg.trainer.checkpoints else 0
+    if done:
+        where = f"after {done} of {cfg.trainer.epochs} epochs; continue it with"
+    else:
+        why = "trainer.checkpoints=false" if not cfg.trainer.checkpoints else "first epoch"
+        where = f"before an epoch checkpoint ({why}); start it over with"
+    log.error("run %s (%s) KILLED %s: %s", run_name(cfg), run.id, where, command)
 
 
 def take_tuned_lr(cfg: DictConfig) -> None:
