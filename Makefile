@@ -68,7 +68,7 @@ notebook: $(STAMP) ## the report inline: notebooks/compare.ipynb in JupyterLab (
 	$(VENV)/bin/jupyter lab notebooks/compare.ipynb --ip 127.0.0.1 --port $(NOTEBOOK_PORT) $(if $(filter 0,$(shell id -u)),--allow-root) $(ARGS)
 
 ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT)
-	$(VENV)/bin/mlflow ui --backend-store-uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
+	$(PY) -m ablate.tracking.ui --uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
 
 server: $(STAMP) ## team MLflow server + UI on PostgreSQL at http://127.0.0.1:$(PORT) (DB_URL=... : existing database)
 	$(PY) -m ablate.tracking.server start --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)")

@@ -44,7 +44,8 @@ def test_run_is_finished_and_named_for_what_it_computes(single_run):
     assert run.info.status == "FINISHED"
     # the name, then the overrides that change what it computes (not where it goes)
     assert run.info.run_name == "UD_Naija-Slice-alt-tiny-s42 epochs=2 max_length=24"
-    assert "browse it with: make ui" in proc.stderr + proc.stdout
+    page = f"/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType="
+    assert "browse it with: make ui, then http://127.0.0.1:5000" + page in proc.stderr + proc.stdout
 
 
 def test_the_job_log_has_one_line_per_epoch_and_no_library_noise(single_run):

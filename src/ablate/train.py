@@ -63,7 +63,7 @@ def main(cfg: DictConfig) -> float:
             raise  # the sweep records this job as failed and goes on
         raise SystemExit(2) from None  # one line, no traceback, for a single run
     uri = cfg.tracking.uri
-    where = f"open {uri}" if uri.startswith("http") else "browse it with: make ui"
+    where = tracking.where_to_browse(uri, run.experiment_id, run.id)
     log.info(
         "run %s FINISHED: dev %s %.4f, test %s %.4f. Store: %s (experiment %r); %s",
         tracking.run_name(cfg), primary, results[f"dev_{primary}"], primary,

@@ -35,6 +35,7 @@ from ablate.tracking.params import flatten, selected
 from ablate.tracking.parent import REUSED, recorded, sweep_parent
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
+from ablate.tracking.ui import address
 
 log = logging.getLogger("ablate")
 # MLflow's system-metrics monitor announces every start and stop; its warnings still show.
@@ -138,6 +139,15 @@ def _sweep_tags() -> dict[str, str]:
     return {"hydra.sweep_dir": str(Path(hc.sweep.dir).resolve()), "hydra.job_num": str(job_num)}
 
 
+def where_to_browse(uri: str, experiment_id: str, run_id: str) -> str:
+    """How to see a run in MLflow's UI: its page on a tracking server, or ``make ui`` and the
+    page it will be at."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {address(uri, experiment_id, run_id)}"
+    page = address("http://127.0.0.1:5000", experiment_id, run_id)  # make ui's default port
+    return f"browse it with: make ui, then {page}"
+
+
 def reused(twin) -> None:
     """In a sweep, record on its run that this job reused the FINISHED run ``twin``
     (``skip_finished``): the sweep's report and status count it as one of its runs."""
@@ -167,6 +177,7 @@ class Run:
         self.cfg = cfg
         self.journal = journal
         self.resumed = resumed  # the KILLED run this job continues, or None
+        self.experiment_id: str | None = None
         self._info: dict[str, Any] = {}
         self._monitor = None
 
@@ -308,6 +319,7 @@ def start_run(
         # the tags mlflow.start_run adds (source, user, git), without its process-global state
         run_id = client.create_run(experiment_id, tags=context.resolve_tags(tags)).info.run_id
     run = Run(run_id, cfg, Journal(journal_folder(run_id), uri, run_id), resumed)
+    run.experiment_id = experiment_id
     run.system_metrics()
     wait = cfg.tracking.outage_min
     with stop_signals() as previous:
