@@ -1,10 +1,12 @@
 """The comparison report, built only from tracked MLflow runs (``python -m ablate.report``).
 
-``load_runs`` reads an experiment into tidy tables (``load``); ``build`` turns them into a summary
-per dataset with intervals vs the ``none`` baseline and lists every run it leaves out
-(``summary``, ``stats``); ``write`` saves ``summary.csv``, ``summary.md``, ``runs.csv`` and one
-PNG per chart (``render``, ``charts``). ``notebooks/compare.ipynb`` calls the same functions;
-``lrsearch`` is the learning-rate search's table. Imports nothing of the training code.
+``load_runs`` reads an experiment into tidy tables (``load``), by default the latest sweep that
+has runs, a sweep's reused runs included (``scope``); ``build`` turns them into a summary per
+dataset with intervals vs the ``none`` baseline, each panel's settings beyond the defaults in
+words (``recipe``), and lists every run it leaves out (``summary``, ``cell``, ``stats``);
+``write`` saves ``summary.csv``, ``summary.md``, ``runs.csv`` and one PNG per chart (``render``,
+``charts``). ``notebooks/compare.ipynb`` calls the same functions; ``lrsearch`` is the
+learning-rate search's table. Imports nothing of the training code.
 """
 
 from ablate.report.load import Runs, load_runs

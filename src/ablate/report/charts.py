@@ -16,7 +16,10 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
-from ablate.report.summary import STRATEGY_ORDER, Report, unloaded
+from ablate.report.cell import unloaded
+from ablate.report.recipe import DEFAULTS
+from ablate.report.render import named
+from ablate.report.summary import STRATEGY_ORDER, Report
 
 BASELINE_COLOR = "#222222"
 PANEL_W, PANEL_H = 5.6, 4.2
@@ -72,9 +75,33 @@ def _metric(report: Report) -> str:
     return metrics[0] if len(metrics) == 1 else "score"
 
 
+def _settings(report: Report) -> dict[str, str]:
+    """Each panel's settings in words (what differs from the defaults)."""
+    return dict(zip(report.summary.panel, report.summary.settings, strict=True))
+
+
+def _panel_title(report: Report, panel: str) -> str:
+    """A panel's title, with its settings under it where the panels' settings differ (else the
+    figure's subtitle names them once)."""
+    if len(set(_settings(report).values())) < 2:
+        return panel
+    name, settings = named(report, panel)
+    return f"{name}\n{textwrap.fill(settings, 60)}"
+
+
 def _titles(fig, report: Report, title: str, subtitle: str) -> None:
+    """The figure's title and subtitle, the subtitle ending with the runs' settings, so that a
+    chart shared alone says which recipe it shows."""
+    settings = set(_settings(report).values())
+    if len(settings) > 1:
+        line = "Settings: under each panel's name"
+    elif settings != {DEFAULTS}:
+        line = f"Settings beyond the defaults: {settings.pop()}"
+    else:
+        line = "Default settings"
     width = int(70 * len(_panels(report)))  # a long subtitle would widen a one-panel figure
-    fig.suptitle(f"{title}\n{textwrap.fill(subtitle, width)}", fontsize=12)
+    lines = [title, textwrap.fill(subtitle, width), textwrap.fill(line, width)]
+    fig.suptitle("\n".join(lines), fontsize=12)
     src = report.source
     fig.text(
         0.0, -0.02,
@@ -131,7 +158,8 @@ def accuracy(report: Report):
             )
             _strategy_ticks(ax, order)
             ax.set_xlim(-0.5, len(order) - 0.5)
-            ax.set(title=panel, xlabel="freezing strategy", ylabel=_label(s.metric.iloc[0]))
+            ax.set(xlabel="freezing strategy", ylabel=_label(s.metric.iloc[0]))
+            ax.set_title(_panel_title(report, panel))
             ax.legend(loc="lower left", fontsize=8)
         methods = _methods(report.summary.dev_ci_method)
         _titles(fig, report, f"Dev {_metric(report)} per freezing strategy (mean over seeds)",
@@ -164,7 +192,7 @@ def convergence(report: Report):
             else:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlim(0.5 if epochs == 1 else 0.8, epochs + (0.5 if epochs == 1 else 0.2))
-            ax.set(title=panel, xlabel="epoch", ylabel=_label(metric))
+            ax.set(title=_panel_title(report, panel), xlabel="epoch", ylabel=_label(metric))
             # beside the plot: a dozen strategies would cover their own curves
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
         one = (report.summary.n == 1).all()
@@ -206,7 +234,8 @@ def accuracy_vs_params(report: Report):
                 ax.set_xscale("log")
                 xlabel += ", log scale"
             ax.margins(x=0.15, y=0.15)
-            ax.set(title=panel, xlabel=xlabel, ylabel=_label(s.metric.iloc[0]))
+            ax.set(xlabel=xlabel, ylabel=_label(s.metric.iloc[0]))
+            ax.set_title(_panel_title(report, panel))
         methods = _methods(report.summary.dev_ci_method)
         _titles(fig, report, f"Dev {_metric(report)} vs trainable parameters (mean over seeds)",
                 f"error bars: 95 % CI ({methods}); dashed line: baseline")  # fmt: skip
@@ -245,7 +274,8 @@ def train_time(report: Report):
                         textcoords="offset points", ha="center", va="bottom", fontsize=7,
                     )  # fmt: skip
             _baseline_line(top, _base_value(s, report, "train_time_s"), f"{b} (baseline)")
-            top.set(title=panel, xlabel="", ylabel="train time (s), no dev evaluation")
+            top.set(xlabel="", ylabel="train time (s), no dev evaluation")
+            top.set_title(_panel_title(report, panel))
             top.margins(y=0.12)  # room for the labels above the bars
             if top.get_legend_handles_labels()[0] and col == axes.shape[1] - 1:
                 top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)

@@ -1,4 +1,7 @@
-"""``python -m ablate.report`` (``make report``): the comparison report from tracked runs."""
+"""``python -m ablate.report`` (``make report``): the comparison report from tracked runs.
+
+Every error is one line that names the fix: the flag that chooses other runs and what the store
+holds instead."""
 
 from __future__ import annotations
 
@@ -8,24 +11,31 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.report.load import load_runs
-from ablate.report.render import write
+from ablate.report.load import MlflowException, load_runs, overview
+from ablate.report.render import default_out_dir, write
+from ablate.report.scope import NoSweep
 from ablate.report.summary import BASELINE, build
 
 
 def _load(args):
-    """The runs in scope: the sweep asked for, else the latest sweep (or, with ``--all`` or
-    when the store holds no sweep, every run)."""
+    """The runs in scope: the sweep asked for, else the latest sweep that has runs (or, with
+    ``--all`` or when the experiment holds no such sweep, every run)."""
     filters = {"data": args.data, "model": args.model, "status": args.status, "metric": args.metric}
     if args.all:
         return load_runs(args.experiment, args.uri, **filters)
     try:
         return load_runs(args.experiment, args.uri, sweep=args.sweep or "latest", **filters)
-    except AblateError:
+    except NoSweep:
         if args.sweep:
             raise
-        print("no sweep in this experiment: the report covers every run (as --all)")
+        print("no sweep with runs in this experiment: the report covers every run (as --all)")
         return load_runs(args.experiment, args.uri, **filters)
+
+
+def _fail(message: object, hint: str = "") -> int:
+    text = " ".join(str(message).split())  # one line, whatever the message held
+    print(f"error: {text}" + (f"; {hint}" if hint else ""), file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,8 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", nargs="+", help="only these models (the `model` param)")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
-        "--sweep", help="the runs of this sweep: its multirun folder, or 'latest' (the default)"
-    )
+        "--sweep", help="the runs of this sweep: its multirun folder, or 'latest' (the default: "
+        "the newest sweep that has runs)",
+    )  # fmt: skip
     scope.add_argument(
         "--all", action="store_true",
         help="every run of the experiment, a table per group of equal settings",
@@ -55,11 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         runs = _load(args)
+    except (AblateError, MlflowException) as exc:
+        return _fail(exc)
+    try:
         report = build(runs, baseline=args.baseline)
-        paths = write(report, args.out)
     except AblateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(exc, overview(runs.source["uri"], args.experiment))
+    out = args.out or default_out_dir()
+    try:
+        paths = write(report, out)
+    except OSError as exc:
+        return _fail(f"cannot write the report to {out} ({exc}); pass another folder with --out")
     names = ", ".join(p.name for p in paths.values())
     print(f"{len(report.runs)} runs used; wrote {names} to {paths['summary.md'].parent}")
     for r in report.excluded.itertuples():

@@ -5,6 +5,7 @@ logged ``best_dev_<metric>`` for, what it scores one by one the count it logged.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ import pandas as pd
 
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG, default_tracking_uri
 from ablate.errors import AblateError
+from ablate.report import scope
 from ablate.tracking.history import latest_per_step
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -91,29 +93,70 @@ def _search(client: MlflowClient, experiment_id: str) -> list:
             return runs
 
 
-def latest_sweep(runs: list):
-    """The newest sweep's parent run (tag ``ablate.role=sweep``), or None."""
-    parents = [r for r in runs if r.data.tags.get("ablate.role") == "sweep"]
-    return max(parents, key=lambda r: r.info.start_time) if parents else None
+def _client(uri: str, experiment: str):
+    """A client of the store at ``uri`` and the experiment's id; an ``AblateError`` that names
+    the fix where there is no such store or experiment (reading never creates a store)."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise AblateError(
+            f"no MLflow store at {uri.removeprefix('sqlite:///')}: train first (make run), or "
+            "pass the store with --uri"
+        )
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        names = [e.name for e in client.search_experiments()] if exp is None else []
+    except MlflowException as exc:
+        first = str(exc).split(". ")[0]
+        fix = "pass another with --uri"
+        if "://" not in uri and Path(uri).is_file():  # a sqlite file named without its scheme
+            fix = f"pass a sqlite file as --uri sqlite:///{Path(uri).resolve()}"
+        raise AblateError(f"{uri}: the MLflow store is not readable ({first}); {fix}") from exc
+    if exp is None:
+        there = [n for n in names if n != "Default"]
+        raise AblateError(
+            f"no MLflow experiment {experiment!r} in {uri}; "
+            + (
+                f"its experiments: {', '.join(there)}: pass one with --experiment"
+                if there
+                else "it holds none yet: train first (make run), or pass another store with --uri"
+            )
+        )
+    return client, exp.experiment_id
 
 
-def _sweep_filter(runs: list, sweep: str) -> tuple[str | None, str | None]:
-    """(parent run id, sweep folder) of ``sweep``: a multirun folder or ``latest``."""
-    if sweep == "latest":
-        parent = latest_sweep(runs)
-        if parent is not None:
-            return parent.info.run_id, parent.data.tags.get("hydra.sweep_dir")
-        tagged = [r for r in runs if "hydra.sweep_dir" in r.data.tags]  # runs of older versions
-        if not tagged:
-            raise AblateError("--sweep latest: no sweep (a --multirun) in this experiment")
-        return None, max(tagged, key=lambda r: r.info.start_time).data.tags["hydra.sweep_dir"]
-    folder = str(Path(sweep).expanduser().resolve())
-    parents = [
-        r for r in runs
-        if r.data.tags.get("ablate.role") == "sweep"
-        and r.data.tags.get("hydra.sweep_dir") == folder
-    ]  # fmt: skip
-    return (parents[0].info.run_id if parents else None), folder
+def overview(uri: str, experiment: str) -> str:
+    """What ``experiment`` holds, for an error message: its latest sweeps that have runs (what
+    ``--sweep`` takes) and its FINISHED runs by dataset (what ``--data`` takes)."""
+    client, experiment_id = _client(uri, experiment)
+    found = _search(client, experiment_id)
+    done = Counter(
+        _name(r.data.params, "data") or "?"
+        for r in found
+        if not scope.is_sweep(r) and r.info.status == "FINISHED"
+    )
+    by_data = ", ".join(f"{d} ({n})" for d, n in sorted(done.items()))
+    return f"{scope.listing(found)}; FINISHED runs by dataset: {by_data or 'none'}"
+
+
+def describe_source(source: dict[str, str]) -> str:
+    """Where a report's runs came from, in words: experiment, store and filters."""
+    filters = ", ".join(f"{k}={v}" for k, v in source.items() if k not in ("uri", "experiment"))
+    return f"experiment {source.get('experiment')!r} in {source.get('uri')}" + (
+        f" ({filters})" if filters else ""
+    )
+
+
+def _runs_by_id(client: MlflowClient, ids: set[str]) -> list:
+    """The runs with these ids that still exist (not deleted)."""
+    out = []
+    for run_id in sorted(ids):
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:
+            continue
+        if run.info.lifecycle_stage == "active":
+            out.append(run)
+    return out
 
 
 def _name(params: dict[str, str], key: str) -> str | None:
@@ -134,10 +177,12 @@ def load_runs(
 ) -> Runs:
     """Read the runs of ``experiment`` from the store at ``uri`` (default: the project's store).
 
-    Filters: ``data``/``model`` (their short names), ``sweep`` (a multirun folder or
-    ``"latest"``: that sweep's runs, the children of its parent run), ``parent`` (a sweep's
-    parent run id), ``status`` (e.g. ``"FINISHED"``). A sweep's parent run itself is no training
-    run and never listed. ``metric`` is the primary metric; by default each run's own.
+    Filters: ``data``/``model`` (their short names), ``sweep`` (a multirun folder, or
+    ``"latest"``: the newest sweep that has runs), ``parent`` (a sweep's parent run id),
+    ``status`` (e.g. ``"FINISHED"``). A sweep's runs are its parent run's children and the
+    FINISHED runs it reused for jobs it skipped (``ablate.reused.<job>`` tags; ``scope``). A
+    sweep's parent run itself is no training run and never listed. ``metric`` is the primary
+    metric; by default each run's own.
     Per-epoch histories come from MLflow's metric history (``search_runs`` keeps only the last
     value); a run's ``train_time_s`` is the sum of its per-epoch ``epoch_time_s`` plus its frozen
     features' one-off computation (``cache_frozen_time_s``; training only:
@@ -146,27 +191,22 @@ def load_runs(
     ``load_per_cpu`` the highest machine load per usable CPU at the end of one of its epochs.
     """
     uri = uri or default_tracking_uri()
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        exp = client.get_experiment_by_name(experiment)
-    except MlflowException as exc:
-        raise AblateError(f"{uri}: the MLflow store is not readable: {exc}") from exc
-    if exp is None:
-        raise AblateError(f"no MLflow experiment {experiment!r} in {uri}")
-    found = _search(client, exp.experiment_id)
-    sweep_dir = None
+    client, experiment_id = _client(uri, experiment)
+    found = _search(client, experiment_id)
+    sweep_dir, ids = None, None
     if sweep:
-        parent, sweep_dir = _sweep_filter(found, sweep)
+        ids, sweep_dir, parents = scope.select(found, sweep, experiment)
+        parent = ",".join(parents) or None
+    elif parent:
+        ids = scope.members(found, parent)
+    if ids is not None:  # a reused run of another experiment, say
+        found += _runs_by_id(client, ids - {r.info.run_id for r in found})
     wanted = {"data": _as_set(data), "model": _as_set(model), "status": _as_set(status)}
 
     rows, params = [], {}
     for r in found:
         p, tags, m = r.data.params, r.data.tags, r.data.metrics
-        if tags.get("ablate.role") == "sweep":
-            continue
-        if parent and tags.get("mlflow.parentRunId") != parent:
-            continue
-        if not parent and sweep_dir and tags.get("hydra.sweep_dir") != sweep_dir:
+        if scope.is_sweep(r) or (ids is not None and r.info.run_id not in ids):
             continue
         values = {"data": _name(p, "data"), "model": _name(p, "model"), "status": r.info.status}
         if any(keep is not None and values[k] not in keep for k, keep in wanted.items()):

@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 
 from ablate.config import project_root
+from ablate.report.cell import LOADED, LR_FROM_STUDY
 from ablate.report.stats import N_BOOT
-from ablate.report.summary import LOADED, LR_FROM_STUDY, Report
+from ablate.report.summary import Report
 
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
 # runs.csv: each run behind the summary, where it came from (its commit) and what it measured.
@@ -89,6 +90,26 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def named(report: Report, panel: str) -> tuple[str, str]:
+    """A panel's name and its settings in words (what differs from the defaults). The name is
+    its dataset (and model): the settings tell its groups of settings apart, unless two read
+    alike, where it keeps the group's key=value label."""
+    settings = dict(zip(report.summary.panel, report.summary.settings.fillna(""), strict=True))
+    groups = report.runs.drop_duplicates("panel").set_index("panel").group.fillna("")
+
+    def short(p: str) -> str:
+        return p.removesuffix(f" · {groups[p]}") if groups.get(p) else p
+
+    alike = [p for p in settings if (short(p), settings[p]) == (short(panel), settings[panel])]
+    return (short(panel) if len(alike) == 1 else panel), settings[panel]
+
+
+def heading(report: Report, panel: str) -> str:
+    """A panel's heading: ``<dataset> — <its settings beyond the defaults>``."""
+    name, settings = named(report, panel)
+    return f"{name} — {settings}" if settings else name
+
+
 def _md_table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
     def esc(v) -> str:
         return str(v).replace("|", "\\|")
@@ -100,17 +121,19 @@ def _md_table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
 
 
 def tables(report: Report) -> str:
-    """The summary tables alone, one per panel (dataset, model, group of settings)."""
+    """The summary tables alone, one per panel (dataset, model, group of settings), each under
+    its heading."""
     parts = []
     for panel in report.summary.panel.unique():
         t = table(report, panel).drop(columns=["dataset", "interval"])
         numeric = [c for c in t.columns if c not in ("strategy", "lr")]
-        parts += [f"{panel}:", _md_table(t, right=numeric), ""]
+        parts += [f"{heading(report, panel)}:", _md_table(t, right=numeric), ""]
     return "\n".join(parts)
 
 
 def markdown(report: Report, charts: bool = True) -> str:
-    """``summary.md``: a table per dataset, how intervals were made, charts, runs left out."""
+    """``summary.md``: a table per dataset under a heading that names its settings (what differs
+    from the defaults), how intervals were made, charts, runs left out."""
     src = report.source
     filters = ", ".join(f"{k}={v}" for k, v in src.items() if k not in ("uri", "experiment"))
     lines = [
@@ -125,7 +148,7 @@ def markdown(report: Report, charts: bool = True) -> str:
     for panel in report.summary.panel.unique():
         t = table(report, panel).drop(columns="dataset")
         numeric = [c for c in t.columns if c not in ("strategy", "lr", "interval")]
-        lines += [f"## {panel}", "", _md_table(t, right=numeric), ""]
+        lines += [f"## {heading(report, panel)}", "", _md_table(t, right=numeric), ""]
     lines += [
         "Metric values are the final model's (last epoch; with early stopping, the restored best "
         "epoch's), mean ± std over seeds. Train time is "

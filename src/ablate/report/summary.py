@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
 from ablate import config
 from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
-from ablate.report.load import Runs, load_runs
-from ablate.report.stats import N_BOOT, Predictions, bootstrap_interval, t_interval
+from ablate.report import recipe
+from ablate.report.cell import LOADED, summary_row
+from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
+from ablate.report.load import Runs, describe_source, load_runs
+from ablate.report.stats import N_BOOT, Predictions
+from ablate.tracking.params import PINS, defaults
 
 BASELINE = "none"
-# summary.csv's lr_from where every run of a strategy trained at its own study's lr.
-LR_FROM_STUDY = "its lr study"
 # Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
 STRATEGY_ORDER = (
     "none", "embeddings", "first2", "first4", "alt", "last2", "all", "features", "head_only",
@@ -64,6 +64,8 @@ def settings(params: dict[str, str]) -> dict[str, str]:
     beyond seed noise): runs of one strategy with equal settings are its seeds. The strategy's
     own ``freeze.*`` keys stay: a variant of a strategy is not one of its seeds."""
     setting = config.flags("setting")
+    # a key a run did not log is at its default; the data files' pins are the datasets' digests
+    params = {k: v for k, v in {**defaults(), **params}.items() if not k.startswith(PINS)}
 
     def is_setting(key: str) -> bool:  # a key inside a dict-valued key (tracking.tags.x) is its
         while key not in setting and "." in key:
@@ -146,8 +148,16 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     shared = {
         r.run_id: compared(runs.params[r.run_id], ok.freeze, r.recipe_lr) for r in ok.itertuples()
     }
-    labels = _group_labels(shared)
-    df["group"] = df.run_id.map(lambda r: labels.get(json.dumps(shared.get(r), sort_keys=True)))
+    # groups told apart within a dataset and model: those differ between panels anyway
+    labels = {
+        (data, model, g): label
+        for (data, model), part in ok.groupby(["data", "model"])
+        for g, label in _group_labels({r: shared[r] for r in part.run_id}).items()
+    }
+    df["group"] = [
+        labels.get((r.data, r.model, json.dumps(shared.get(r.run_id), sort_keys=True)))
+        for r in df.itertuples()
+    ]
     ok = df[~df.run_id.isin(reasons)]
     # Within a group, the seeds of one strategy also share its own keys; the latest run decides
     # (a variant under the same name, freeze.embeddings=true say, is not one of its seeds).
@@ -189,102 +199,8 @@ def _panels(df: pd.DataFrame) -> pd.Series:
     return panel.where(~grouped, panel + " · " + df.group.fillna(""))
 
 
-def unloaded(cell: pd.DataFrame) -> pd.DataFrame:
-    """The runs of ``cell`` whose times count: those not measured on a loaded machine (load not
-    recorded counts as not loaded), or all of them when every one was."""
-    calm = cell[~(cell.load_per_cpu > LOADED)]
-    return calm if len(calm) else cell
-
-
-def _row(cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot: dict) -> dict:
-    """The summary row of one strategy (``cell``: its runs, one per seed)."""
-    dev, test = cell.dev * 100, cell.test * 100
-    n = len(cell)
-    timed = unloaded(cell)
-    # A mean of per-item correctness is an accuracy: the bootstrap over dev items (words or
-    # sentences) estimates only that, not an F1.
-    per_item = cell.metric.iloc[0] == "accuracy"
-    items = f"dev {cell['items'].iloc[0]}"
-    why = (
-        "no dev predictions logged"
-        if per_item
-        else f"no per-item bootstrap of {cell.metric.iloc[0]}"
-    )
-    row = {
-        "n": n,
-        "seeds": ",".join(str(s) for s in sorted(cell.seed)),
-        "dev_mean_pct": dev.mean(),
-        "dev_std_pct": dev.std(ddof=1) if n > 1 else math.nan,
-        "dev_ci_low_pct": math.nan,
-        "dev_ci_high_pct": math.nan,
-        "dev_ci_method": "",
-        "best_dev_mean_pct": (cell.best_dev * 100).mean(),
-        "test_mean_pct": test.mean(),
-        "test_std_pct": test.std(ddof=1) if n > 1 else math.nan,
-        "lr": cell.lr.iloc[-1],
-        "lr_from": LR_FROM_STUDY if cell.tuned.all() else "the recipe",
-        "trainable_params_m": cell.trainable_params.mean() / 1e6,
-        "total_params_m": cell.total_params.mean() / 1e6,
-        "train_time_s": timed.train_time_s.mean(skipna=False),
-        "train_time_s_std": timed.train_time_s.std(ddof=1) if len(timed) > 1 else math.nan,
-        "timed_seeds": ",".join(str(s) for s in sorted(timed.seed)),
-        "trainer_runtime_s": timed.trainer_runtime_s.mean(),
-        "wall_s": timed.wall_s.mean(),
-        "peak_rss_mb": cell.peak_rss_mb.mean(),
-        "train_flops": cell.train_flops.mean(),
-        "load_per_cpu": timed.load_per_cpu.max(),
-    }
-    if n >= 3:
-        _, lo, hi = t_interval(dev)
-        row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method=f"t over {n} seeds")
-    elif per_item and (correct := preds.correct(list(cell.run_id))) is not None:
-        lo, hi = bootstrap_interval(np.mean(correct, axis=0) * 100, **boot)
-        row.update(dev_ci_low_pct=lo, dev_ci_high_pct=hi, dev_ci_method=f"bootstrap over {items}")
-    else:
-        row["dev_ci_method"] = f"none ({n} seed{'s' if n > 1 else ''}, {why})"
-
-    delta = {"delta_dev_pt": math.nan, "delta_ci_low_pt": math.nan, "delta_ci_high_pt": math.nan}
-    delta["delta_method"] = "no baseline run"
-    if base is not None and len(base):
-        b = base.set_index("seed")
-        delta["param_savings_pct"] = 100 * (
-            1 - cell.trainable_params.mean() / b.trainable_params.mean()
-        )
-        delta["time_savings_pct"] = 100 * (
-            1 - timed.train_time_s.mean() / unloaded(base).train_time_s.mean()
-        )
-        paired = cell[cell.seed.isin(b.index)]
-        diffs = (paired.dev.to_numpy() - b.loc[paired.seed, "dev"].to_numpy()) * 100
-        if cell.run_id.isin(base.run_id).all():
-            delta.update(delta_dev_pt=0.0, delta_method="baseline")
-        elif len(paired) >= 3:
-            mean, lo, hi = t_interval(diffs)
-            method = f"paired t over {len(paired)} seeds"
-            delta.update(delta_dev_pt=mean, delta_ci_low_pt=lo, delta_ci_high_pt=hi)
-            delta["delta_method"] = method
-        elif len(paired):
-            delta["delta_dev_pt"] = float(diffs.mean())
-            ids = [*paired.run_id, *b.loc[paired.seed, "run_id"]]
-            correct = preds.correct(ids) if per_item else None
-            if correct is not None:
-                k = len(paired)
-                per_item_diff = np.mean(correct[:k], axis=0) - np.mean(correct[k:], axis=0)
-                lo, hi = bootstrap_interval(per_item_diff * 100, **boot)
-                delta.update(delta_ci_low_pt=lo, delta_ci_high_pt=hi)
-                s = "s" if k > 1 else ""
-                delta["delta_method"] = f"paired bootstrap over {items} ({k} seed{s})"
-            else:
-                s = "s" if len(paired) > 1 else ""
-                delta["delta_method"] = f"none ({len(paired)} paired seed{s}, {why})"
-        else:
-            delta["delta_dev_pt"] = dev.mean() - b.dev.mean() * 100
-            delta["delta_method"] = "none (no seed in common with the baseline; unpaired means)"
-    row.update(delta)
-    return row
-
-
 _SUMMARY_COLUMNS = [
-    "panel", "data", "model", "strategy", "metric", "n", "seeds", "lr", "lr_from",
+    "panel", "data", "model", "settings", "strategy", "metric", "n", "seeds", "lr", "lr_from",
     "dev_mean_pct", "dev_std_pct", "dev_ci_low_pct", "dev_ci_high_pct", "dev_ci_method",
     "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
     "trainable_params_m", "total_params_m", "param_savings_pct",
@@ -292,9 +208,6 @@ _SUMMARY_COLUMNS = [
     "wall_s", "peak_rss_mb", "train_flops", "load_per_cpu",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
 ]  # fmt: skip
-# A run whose machine had more than this many runnable threads per usable CPU at the end of an
-# epoch shared its cores: its times are not comparable with an idle machine's.
-LOADED = 1.25
 
 
 def build(
@@ -315,21 +228,25 @@ def build(
     """
     used, excluded = _select(runs)
     if used.empty:
-        listed = "; ".join(f"{r.run_name or r.freeze}: {r.reason}" for r in excluded.itertuples())
-        raise AblateError(f"no usable runs in {runs.source}" + (f" ({listed})" if listed else ""))
+        raise AblateError(_unusable(runs, excluded))
     used = used.assign(panel=_panels(used))
+    named = used.groupby("data").model.nunique().le(1).all()  # the panels don't name the model
     preds = Predictions(runs.source.get("uri", default_tracking_uri()), predictions)
     boot = {"n_boot": n_boot, "seed": boot_seed}
     rows, notes = [], []
     for (panel, data, model), group in used.groupby(["panel", "data", "model"], sort=True):
+        first = group.iloc[0]
+        shared = compared(runs.params[first.run_id], used.freeze, first.recipe_lr)
+        described = recipe.describe(shared, data, model, name_model=named)
         base = group[group.freeze == baseline]
         if base.empty:
             notes.append(f"{panel}: no `{baseline}` run, so no savings or Δ vs baseline.")
         for strategy in strategy_order(group.freeze):
             cell = group[group.freeze == strategy].sort_values("seed")
             metric = cell.metric.iloc[0]
-            head = {"panel": panel, "data": data, "model": model, "strategy": strategy}
-            rows.append({**head, "metric": metric, **_row(cell, base, preds, boot)})
+            head = {"panel": panel, "data": data, "model": model, "settings": described,
+                    "strategy": strategy}  # fmt: skip
+            rows.append({**head, "metric": metric, **summary_row(cell, base, preds, boot)})
         if differ := _differing_settings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
         loaded = group[group.load_per_cpu > LOADED]
@@ -361,6 +278,22 @@ def build(
         notes=notes,
         source=runs.source,
         baseline=baseline,
+    )
+
+
+def _unusable(runs: Runs, excluded: pd.DataFrame) -> str:
+    """Why a report has no run to use, in one line, with the flags that choose other runs."""
+    shown = 4
+    listed = [
+        f"{r.run_name or r.freeze}: {' '.join(str(r.reason).split())[:200]}"
+        for r in excluded[excluded.status != "MISSING"].itertuples()
+    ]
+    more = f"; and {len(listed) - shown} more" if len(listed) > shown else ""
+    why = f" ({'; '.join(listed[:shown])}{more})" if listed else ": it holds no run"
+    return (
+        f"no usable runs in {describe_source(runs.source)}{why}; choose other runs with "
+        "--sweep DIR (another sweep), --all (every run of the experiment), --experiment, "
+        "or other --data/--model/--status"
     )
 
 

@@ -1,0 +1,224 @@
+"""Which runs the report covers (the latest sweep that has runs, a sweep's reused runs), its
+one-line errors, and the settings its headings and charts name; on a real tiny multirun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from conftest import logged_runs, run_cli, slice_overrides, sweep_parents
+from mlflow.tracking import MlflowClient
+
+from ablate import report
+from ablate.report import charts, cli, recipe
+from ablate.report.render import tables
+from ablate.report.scope import REUSED
+
+
+@pytest.fixture(scope="module")
+def grid(slice_root, tmp_path_factory) -> SimpleNamespace:
+    """A real sweep (none, all; seed 1; tiny model, 2 epochs) and, after it, a FAILED sweep with
+    no run, as a sweep whose every job failed before its run opened (a misspelt treebank) was
+    left by versions that kept such a sweep's run."""
+    tmp = tmp_path_factory.mktemp("scope")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    proc = run_cli(
+        "--multirun", "freeze=none,all", "seed=1", *slice_overrides(slice_root, store, tmp),
+        cwd=tmp,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("ablate").experiment_id
+    typo = client.create_run(
+        exp, run_name="sweep data.treebank=UD_Nope",
+        tags={"ablate.role": "sweep", "hydra.sweep_dir": str(tmp / "typo")},
+    ).info.run_id  # fmt: skip
+    client.set_terminated(typo, "FAILED")
+    (first, latest) = sorted(sweep_parents(store), key=lambda p: p.info.start_time)
+    assert latest.info.run_id == typo and first.data.tags["hydra.sweep_dir"] == str(tmp / "sweep")
+    runs = {r.data.params["freeze.name"]: r for r in logged_runs(store)}
+    assert sorted(runs) == ["all", "none"]
+    return SimpleNamespace(store=store, tmp=tmp, runs=runs)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "ablate.report", *args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def _error(capsys, *args: str) -> str:
+    """``python -m ablate.report ARGS`` (in this process) failing: its one line on stderr."""
+    assert cli.main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert "Traceback" not in err and "{'" not in err  # no dict, no traceback
+    return err
+
+
+def test_the_default_report_skips_a_sweep_that_ran_no_job(grid):
+    out = grid.tmp / "default"
+    proc = _cli("--uri", grid.store, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "2 runs used" in proc.stdout
+    used = pd.read_csv(out / "runs.csv")
+    assert sorted(used.run_id) == sorted(r.info.run_id for r in grid.runs.values())
+    assert f"sweep={grid.tmp / 'sweep'}" in (out / "summary.md").read_text()
+
+
+def test_every_error_is_one_line_naming_the_fix(grid, capsys, tmp_path):
+    sweeps = f"its latest sweeps with runs: {grid.tmp / 'sweep'} (2 runs, started "
+    err = _error(capsys, "--uri", grid.store, "--sweep", str(grid.tmp / "typo"))
+    assert "(every job failed before its run opened)" in err and sweeps in err
+    assert "pass one of their folders to --sweep, or --all for every run" in err
+    err = _error(capsys, "--uri", grid.store, "--sweep", str(tmp_path))
+    assert f"no sweep ran in {tmp_path}" in err and sweeps in err
+    err = _error(capsys, "--uri", grid.store, "--experiment", "nope")
+    assert "no MLflow experiment 'nope'" in err
+    assert "its experiments: ablate: pass one with --experiment" in err
+    err = _error(capsys, "--uri", grid.store, "--data", "nope")
+    assert "no usable runs in experiment 'ablate'" in err and "it holds no run" in err
+    assert "--all (every run of the experiment)" in err and sweeps in err
+    assert "FINISHED runs by dataset: UD_Naija-Slice (2)" in err
+    err = _error(capsys, "--uri", grid.store, "--status", "FAILED", "--all")
+    assert "no usable runs" in err and "--data/--model/--status" in err
+    missing = tmp_path / "none.db"
+    err = _error(capsys, "--uri", f"sqlite:///{missing}")
+    assert f"no MLflow store at {missing}" in err and "--uri" in err
+    assert not missing.exists()  # reading creates no store
+    path = grid.store.removeprefix("sqlite:///")
+    err = _error(capsys, "--uri", path)
+    assert "not readable" in err and f"pass a sqlite file as --uri {grid.store}" in err
+    # with no sweep that has runs, the default reports every run and says so
+    client = MlflowClient(grid.store)
+    exp = client.create_experiment("loose")
+    run = client.create_run(exp, run_name="one").info.run_id
+    client.set_terminated(run, "FINISHED")
+    assert cli.main(["--uri", grid.store, "--experiment", "loose"]) == 2
+    out, err = capsys.readouterr()
+    assert "no sweep with runs in this experiment: the report covers every run (as --all)" in out
+    assert err.count("\n") == 1 and "no usable runs" in err
+    assert "one: not an ablate training run" in err and "it holds no sweep with runs" in err
+
+
+def test_headings_and_charts_name_the_settings_beyond_the_defaults(grid):
+    rep = report.make_report("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
+    # the tiny model and 2 epochs; data.root, the treebank, the seed: no setting or named
+    assert set(rep.summary.settings) == {"model tiny, 2 epochs"}
+    assert "## UD_Naija-Slice — model tiny, 2 epochs\n" in report.markdown(rep)
+    assert tables(rep).startswith("UD_Naija-Slice — model tiny, 2 epochs:\n")
+    for name in report.CHARTS:
+        fig = getattr(charts, name)(rep)
+        title = fig.get_suptitle()
+        assert title.endswith("\nSettings beyond the defaults: model tiny, 2 epochs"), name
+        plt.close(fig)
+
+
+def test_settings_in_words_against_the_composed_defaults():
+    asked = {"trainer.lr": "0.0001", "data.max_train_sentences": "200", "trainer.epochs": "2",
+             "trainer.batch_size": "16", "trainer.warmup_ratio": "0.06"}  # fmt: skip
+    assert recipe.describe(asked, "naija", "minilm") == (
+        "2 epochs, 200 training sentences, lr 0.0001, warmup_ratio=0.06"
+    )
+    # conll2003 is cased by its own option; bert_base_cased is no default model
+    cased = {"data.lowercase": "False", "trainer.epochs": "5", "model.head": "bilstm"}
+    assert recipe.describe(cased, "conll2003", "bert_base_cased") == (
+        "model bert_base_cased, head=bilstm"
+    )
+    assert recipe.describe(cased, "conll2003", "x", name_model=False) == "head=bilstm"
+    ud = {"data.treebank": "UD_Naija-Slice", "data.dir": "ud/UD_Naija-Slice"}
+    assert recipe.describe(ud, "UD_Naija-Slice", "minilm") == recipe.DEFAULTS
+
+
+def test_panels_of_two_datasets_name_no_settings_they_share(grid):
+    """Runs of two datasets under the same recipe: a panel each, named by the dataset alone."""
+    runs = report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
+    df, params = runs.runs, dict(runs.params)
+    ewt = df.assign(run_id=df.run_id + "-ewt", data="ewt")
+    for r in ewt.itertuples():
+        params[r.run_id] = {
+            **params[r.run_id.removesuffix("-ewt")], "data.name": "ewt",
+            "data.treebank": "UD_English-EWT", "data.dir": "ud/UD_English-EWT",
+        }  # fmt: skip
+    both = report.Runs(pd.concat([df, ewt], ignore_index=True), runs.history, params, runs.source)
+    rep = report.build(both, predictions=False)
+    assert list(rep.summary.panel.unique()) == ["UD_Naija-Slice", "ewt"]
+    assert set(rep.summary.settings) == {"model tiny, 2 epochs"}
+
+
+def test_the_latest_sweep_with_runs_is_the_default_of_the_library_too(grid):
+    assert Path(report.load_runs("ablate", grid.store, sweep="latest").source["sweep"]) == (
+        grid.tmp / "sweep"
+    )
+
+
+def test_a_sweep_that_reused_finished_runs_reports_over_them(grid):
+    """A sweep started again with skip_finished=true: its jobs reuse the first sweep's runs
+    (tags ``ablate.reused.<job>``); one job ran again and failed in training."""
+    client = MlflowClient(grid.store)
+    exp = client.get_experiment_by_name("ablate").experiment_id
+    folder = grid.tmp / "again"
+    parent = client.create_run(
+        exp, run_name="sweep seed=1",
+        tags={"ablate.role": "sweep", "hydra.sweep_dir": str(folder)},
+    ).info.run_id  # fmt: skip
+    none, all_ = grid.runs["none"].info.run_id, grid.runs["all"].info.run_id
+    client.set_tag(parent, f"{REUSED}0", none)
+    client.set_tag(parent, f"{REUSED}1", all_)
+    gone = client.create_run(exp).info.run_id  # a reused run deleted since
+    client.delete_run(gone)
+    client.set_tag(parent, f"{REUSED}3", gone)
+    failed = client.create_run(exp, run_name="again-first2", tags={"mlflow.parentRunId": parent})
+    for key, value in {**grid.runs["all"].data.params, "freeze.name": "first2"}.items():
+        client.log_param(failed.info.run_id, key, value)
+    client.set_terminated(failed.info.run_id, "FAILED")
+    client.set_terminated(parent, "FAILED")
+
+    want = {none, all_, failed.info.run_id}
+    assert set(report.load_runs("ablate", grid.store, parent=parent).runs.run_id) == want
+    assert set(report.load_runs("ablate", grid.store, sweep=str(folder)).runs.run_id) == want
+    assert set(report.load_runs("ablate", grid.store, sweep="latest").runs.run_id) == want
+    rep = report.build(report.load_runs("ablate", grid.store, parent=parent))
+    assert set(rep.runs.run_id) == {none, all_}
+    assert list(rep.excluded.reason) == ["FAILED"]
+    dev = rep.summary.set_index("strategy").dev_mean_pct
+    assert dev["all"] == pytest.approx(100 * grid.runs["all"].data.metrics["dev_accuracy"])
+    # a sweep whose every job was reused: no child at all
+    only = client.create_run(exp, tags={"ablate.role": "sweep", "hydra.sweep_dir": "x"}).info
+    client.set_tag(only.run_id, f"{REUSED}0", none)
+    assert list(report.load_runs("ablate", grid.store, parent=only.run_id).runs.run_id) == [none]
+    client.delete_run(only.run_id)
+    client.delete_run(parent)  # the other tests' latest sweep stays the first
+
+
+def test_a_finished_sweep_run_again_reports_over_the_runs_it_reused(grid, slice_root, capsys):
+    """The same grid again with skip_finished=true: no job trains, the sweep records the runs
+    it reused, and both its own report and ``--sweep <its folder>`` cover them."""
+    folder = grid.tmp / "rerun"
+    overrides = [o for o in slice_overrides(slice_root, grid.store, grid.tmp)
+                 if not o.startswith("hydra.sweep.dir")]  # fmt: skip
+    proc = run_cli(
+        "--multirun", "freeze=none,all", "seed=1", *overrides, f"hydra.sweep.dir={folder}",
+        "skip_finished=true", cwd=grid.tmp,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| none |" in proc.stdout and "| all |" in proc.stdout  # the sweep's own report
+    finished = [r for r in logged_runs(grid.store) if r.info.status == "FINISHED"]
+    assert len(finished) == 2  # nothing trained again
+    (parent,) = [p for p in sweep_parents(grid.store) if p.data.tags["hydra.sweep_dir"] == str(
+        folder)]  # fmt: skip
+    ids = {r.info.run_id for r in grid.runs.values()}
+    assert {v for k, v in parent.data.tags.items() if k.startswith(REUSED)} == ids
+    out = grid.tmp / "rerun-report"
+    assert cli.main(["--uri", grid.store, "--sweep", str(folder), "--out", str(out)]) == 0
+    assert "2 runs used" in capsys.readouterr().out
+    assert set(pd.read_csv(out / "runs.csv").run_id) == ids
+    assert set(report.load_runs("ablate", grid.store, sweep="latest").runs.run_id) == ids
