@@ -112,7 +112,7 @@ def test_datasets_a_few_tags_and_artifacts(single_run, slice_root, tmp_path):
         d.tags[0].value: (d.dataset.name, d.dataset.digest, json.loads(d.dataset.source))
         for d in run.inputs.dataset_inputs
     }
-    files = run_info(run.data.params["tracking.uri"], run.info.run_id)["data"]["files"]
+    files = run_info(client.tracking_uri, run.info.run_id)["data"]["files"]
     for split in ("train", "dev", "test"):
         path = next(folder.glob(f"*-ud-{split}.conllu"))
         name, digest, source = inputs[split]  # mlflow.log_input, context = the split
@@ -130,7 +130,7 @@ def test_datasets_a_few_tags_and_artifacts(single_run, slice_root, tmp_path):
     assert tags["freeze.frozen_blocks"] == "[0, 2, 4]"
     assert "hydra.sweep_dir" not in tags
     rid = run.info.run_id
-    store_dir = Path(run.data.params["tracking.uri"].removeprefix("sqlite:///")).parent
+    store_dir = Path(client.tracking_uri.removeprefix("sqlite:///")).parent
     assert run.info.artifact_uri.startswith((store_dir / "mlartifacts").as_uri())
     top = {a.path for a in client.list_artifacts(rid)}
     assert {"config.yaml", ".hydra", "reports"} <= top

@@ -132,7 +132,7 @@ def end_sweep(
         [exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'"
     )
     tags = client.get_run(run_id).data.tags
-    reused = [client.get_run(v) for k, v in tags.items() if k.startswith(REUSED)]
+    reused = [r for k, v in tags.items() if k.startswith(REUSED) and (r := _alive(client, v))]
     runs = children + reused
     if not runs:
         client.delete_run(run_id)
@@ -163,6 +163,17 @@ def end_sweep(
         print(f"Continue it (finished jobs are skipped, killed ones resumed): {line}")
     print()
     return status
+
+
+def _alive(client, run_id: str):
+    """The run ``run_id``, or None where it was deleted since (or is gone from the store)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None
+    return run if run.info.lifecycle_stage != "deleted" else None
 
 
 def _shared_params(client, run_id: str, runs: list) -> None:
