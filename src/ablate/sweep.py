@@ -224,7 +224,8 @@ def _report(client, run_id: str, uri: str, experiment: str) -> str:
             client.log_artifacts(run_id, tmp, "report")
         text = tables(report)
         _summary_metrics(client, run_id, report.summary)
-        client.set_tag(run_id, MLFLOW_RUN_NOTE, f"{text}\nThe full report: Artifacts, report/.")
+        note = f"{tables(report, short=True)}\nEvery column, the charts and the runs left out: "
+        client.set_tag(run_id, MLFLOW_RUN_NOTE, note + "Artifacts, report/summary.md.")
     except AblateError as exc:
         client.set_tag(run_id, "ablate.report", str(exc)[:5000])
         return ""

@@ -120,12 +120,19 @@ def _md_table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def tables(report: Report) -> str:
+# The columns of a short summary (a sweep's description in MLflow's narrow box), by the start
+# of their names: the metric's and the baseline's names are in them.
+SHORT = ("strategy", "dev ", "test ", "trainable params", "train time", "Δ dev")
+
+
+def tables(report: Report, short: bool = False) -> str:
     """The summary tables alone, one per panel (dataset, model, group of settings), each under
-    its heading."""
+    its heading; ``short``: only the columns ``SHORT`` names."""
     parts = []
     for panel in report.summary.panel.unique():
         t = table(report, panel).drop(columns=["dataset", "interval"])
+        if short:
+            t = t[[c for c in t.columns if c.startswith(SHORT)]]
         numeric = [c for c in t.columns if c not in ("strategy", "lr")]
         parts += [f"{heading(report, panel)}:", _md_table(t, right=numeric), ""]
     return "\n".join(parts)
