@@ -268,8 +268,10 @@ def _log_model(client: MlflowClient, run_id: str, folder: Path, name: str) -> No
     run = client.get_run(run_id)
     experiment = run.info.experiment_id
     # A send cut short by an outage is tried again: the model it created is taken up, not doubled
-    found = client.search_logged_models([experiment], filter_string=f"name = '{name}'")
-    model = next((m for m in found if m.source_run_id == run_id), None)
+    found = client.search_logged_models(
+        [experiment], filter_string=f"name = '{name}' AND source_run_id = '{run_id}'"
+    )
+    model = found[0] if found else None
     if model is None:
         model = client.create_logged_model(
             experiment, name=name, source_run_id=run_id, params=run.data.params

@@ -17,7 +17,7 @@ from ablate.speed.plugin import Context
 from ablate.strategies.base import Applied, build_optimizer
 from ablate.tasks import Task
 from ablate.tasks.metrics import Evaluation, argmax_logits
-from ablate.training import checkpoints
+from ablate.training import checkpoints, keep
 from ablate.training.arguments import training_arguments
 from ablate.training.callbacks import EpochLogger, dev_history
 from ablate.training.prepare import Prepared
@@ -62,6 +62,9 @@ def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
     # best_dev_*) and counts equal to the split sizes (sst2's <split>_sentences).
     per_epoch = {f"dev_{m}" for m in (primary, *prep.task.epoch_metrics)}
     record.metrics({k: v for k, v in results.items() if k not in per_epoch and counts.get(k) != v})
+    if cfg.trainer.keep_model:  # the final model: the last epoch's, or the best one restored
+        with quiet_libraries():
+            keep.keep(cfg, prep.task, prep.applied.model, prep.tokenizer, record)
     checkpoints.remove(trainer.args.output_dir, record.resumed)
     return results
 
@@ -173,7 +176,7 @@ def _evaluate(trainer: CoreTrainer, prep: Prepared, features: list) -> Evaluatio
 
 
 def final_evaluations(trainer: CoreTrainer, prep: Prepared, record: Recorder) -> dict[str, float]:
-    """The final model on dev and test (with reports and dev predictions) and extra test sets."""
+    """The final model on dev and test (with reports and predictions) and extra test sets."""
     results: dict[str, float] = {}
     for split in ("dev", "test"):
         features = trainer.eval_dataset if split == "dev" else prep.encoded.features["test"]
@@ -182,10 +185,11 @@ def final_evaluations(trainer: CoreTrainer, prep: Prepared, record: Recorder) ->
         for name, content in ev.artifacts.items():
             log_artifact = record.text if isinstance(content, str) else record.json
             log_artifact(content, f"reports/{split}_{name}")
-        if split == "dev":  # ids per scored item: the report's paired bootstrap of Δ vs baseline
-            record.json(
-                {"gold": ev.gold.tolist(), "pred": ev.pred.tolist()}, "predictions/dev.json"
-            )
+        # ids per scored item: dev's for the report's paired bootstrap of Δ vs baseline, test's
+        # for error analysis
+        record.json(
+            {"gold": ev.gold.tolist(), "pred": ev.pred.tolist()}, f"predictions/{split}.json"
+        )
     for name, feats in prep.extra.items():  # zero-shot: the final model on other test sets
         ev = _evaluate(trainer, prep, feats)
         results.update({f"test_{k}/{name}": v for k, v in ev.metrics.items()})

@@ -22,6 +22,9 @@ class Recorder(Protocol):
 
     def artifacts(self, folder: str, path: str) -> None: ...
 
+    def model(self, folder: str, name: str) -> None:
+        """The MLflow model saved in ``folder``: the run's logged model ``name``."""
+
     def heartbeat(self) -> None: ...
 
     def info(self, section: str, values: Mapping[str, Any]) -> None:

@@ -1,0 +1,180 @@
+"""The final model kept with its run (``trainer.keep_model``): the run's MLflow logged model
+``model``, so ``runs:/<run id>/model`` names it, and ``load`` gives it back as a pipeline.
+
+A Hugging Face task model is saved with MLflow's transformers flavour: plain
+``mlflow.transformers.load_model`` loads it too. Two kinds that flavour cannot hold keep a layout
+of their own (flavour ``ablate`` in the MLmodel file), which ``load`` reads:
+
+- ``adapter``: a LoRA run over a pretrained encoder keeps its adapter and trained head (peft's
+  ``save_pretrained``) and the tokenizer; ``load`` reads the encoder from ``model.name_or_path``
+  again. The transformers flavour would save a PEFT model's encoder with the adapter's layers in
+  it, whose query and value weights then load as random ones, or would refer to a hub encoder
+  whose head lacks the run's labels.
+- ``weights``: the BiLSTM head (``model.head=bilstm``, no Hugging Face class): its config, its
+  weights (safetensors) and the tokenizer.
+
+What is saved is the trained model as a new process builds it: the task model built again from
+``model``'s config with the trained weights, so no module a speed plugin swapped in (fast dropout,
+trained embedding rows) goes with it. LoRA over a random encoder (``model.pretrained=false``) is
+merged into it and kept whole: that encoder cannot be had again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from transformers import PreTrainedModel
+
+from ablate import tasks
+from ablate.errors import AblateError
+from ablate.models.build import build
+from ablate.training.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+NAME = "model"  # the logged model's name: runs:/<run id>/model
+FLAVOUR = "ablate"
+PIPELINES = {"token": "token-classification", "sequence": "text-classification"}
+
+
+def keep(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, record: Recorder) -> None:
+    """Save the trained ``model`` (the strategy's, inside any speed plugin's wrapper) and log it
+    as the run's logged model ``model``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / NAME
+        save(cfg, task, model, tokenizer, path)
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+        # Until ablate.tracking.Run has its Recorder.model, its journal takes the model
+        (getattr(record, "model", None) or record.journal.model)(str(path), NAME)
+    log.info("kept the final model (%.1f MB): runs:/<run id>/%s", size, NAME)
+
+
+def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: Path) -> None:
+    """Write ``model`` to the new folder ``path`` as an MLflow model that ``load`` reads."""
+    model_cfg: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)
+    if _is_peft(model) and cfg.model.pretrained:
+        model.save_pretrained(str(path / "adapter"))
+        _own_layout(path, "adapter", task, model_cfg, tokenizer)
+        return
+    plain = plain_copy(cfg.model, task, model)
+    if not isinstance(plain, PreTrainedModel):
+        plain.config.save_pretrained(str(path / "model"))
+        from safetensors.torch import save_file
+
+        save_file(plain.state_dict(), str(path / "model" / "model.safetensors"))
+        weights_cfg = {**model_cfg, "name_or_path": "model", "pretrained": False}
+        _own_layout(path, "weights", task, weights_cfg, tokenizer)
+        return
+    import mlflow.transformers
+
+    # The flavour warns that it finds no model card or licence on the hub for a local model, and
+    # notes each step; ``keep`` says what is kept in one line.
+    with _quiet("mlflow.transformers"):
+        mlflow.transformers.save_model(
+            {"model": plain, "tokenizer": tokenizer}, str(path), task=PIPELINES[task.head],
+            pip_requirements=_requirements(),  # else MLflow loads the model again to infer them
+        )  # fmt: skip
+
+
+def plain_copy(model_cfg: DictConfig, task: tasks.Task, trained: nn.Module) -> nn.Module:
+    """The task model built afresh from ``model_cfg`` (no weights read) holding ``trained``'s
+    weights; a LoRA model merged into it."""
+    if _is_peft(trained):
+        trained = copy.deepcopy(trained).merge_and_unload()
+    fresh = build(OmegaConf.merge(model_cfg, {"pretrained": False}), task.model_class, task.labels)
+    # A speed plugin's module may hold more than its plain counterpart (the embedding rows it
+    # trains); every weight of the plain model must come from the trained one.
+    missing, _ = fresh.load_state_dict(trained.state_dict(), strict=False)
+    if missing:
+        raise AblateError(
+            f"trainer.keep_model: the trained model lacks {len(missing)} weights of the plain "
+            f"{type(fresh).__name__} ({', '.join(missing[:3])}); set trainer.keep_model=false"
+        )
+    return fresh.eval()
+
+
+def load(model_uri: str, base: str | None = None, **pipeline_kwargs):
+    """A kept model (``runs:/<run id>/model``, ``models:/<model id>`` or its local folder) as a
+    transformers pipeline: ``load(uri)("A new sentence")`` labels its words (or the sentence).
+
+    ``base``: where a LoRA adapter's encoder is now, if not at the run's ``model.name_or_path``;
+    ``pipeline_kwargs`` go to ``transformers.pipeline`` (e.g. ``aggregation_strategy="first"``).
+    """
+    import mlflow
+    from mlflow.models import Model
+    from transformers import AutoTokenizer, pipeline
+
+    path = Path(mlflow.artifacts.download_artifacts(model_uri))
+    flavours = Model.load(str(path)).flavors
+    if FLAVOUR not in flavours:
+        import mlflow.transformers
+
+        return mlflow.transformers.load_model(str(path), **pipeline_kwargs)
+    conf = flavours[FLAVOUR]
+    task = tasks.get(conf["task"])
+    model_cfg = OmegaConf.create(conf["model"])
+    if conf["kind"] == "adapter":
+        from peft import PeftModel
+
+        if base is not None:
+            model_cfg.name_or_path = base
+        encoder = build(model_cfg, task.model_class, task.labels)
+        model = PeftModel.from_pretrained(encoder, str(path / "adapter"))
+    else:
+        from safetensors.torch import load_file
+
+        model_cfg.name_or_path = str(path / model_cfg.name_or_path)
+        model = build(model_cfg, task.model_class, task.labels)
+        model.load_state_dict(load_file(str(path / "model" / "model.safetensors")))
+    tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
+    # The pipeline logs an error for a model class it does not list (the BiLSTM head), which it
+    # runs all the same
+    with _quiet("transformers.pipelines.base", logging.CRITICAL):
+        return pipeline(
+            PIPELINES[task.head], model=model.eval(), tokenizer=tokenizer, **pipeline_kwargs
+        )
+
+
+def _own_layout(path: Path, kind: str, task: tasks.Task, model_cfg: dict, tokenizer) -> None:
+    from mlflow.models import Model
+
+    tokenizer.save_pretrained(str(path / "tokenizer"))
+    mlmodel = Model()
+    mlmodel.add_flavor(FLAVOUR, kind=kind, task=task.name, model=model_cfg,
+                       loader="ablate.training.keep.load")  # fmt: skip
+    mlmodel.save(str(path / "MLmodel"))
+
+
+def _is_peft(model: nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    # public versions: a local label (torch's +cpu) is not on PyPI
+    return [f"{p}=={Version(version(p)).public}" for p in ("torch", "transformers")]
+
+
+@contextlib.contextmanager
+def _quiet(name: str, level: int = logging.ERROR) -> Iterator[None]:
+    """Logger ``name`` shows records of ``level`` and above only."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
