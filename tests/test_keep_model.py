@@ -129,11 +129,6 @@ def test_a_lora_run_keeps_its_adapter_which_loads_over_the_encoder(
     assert predicted(tagger.model, prepared, "test") == (test["gold"], test["pred"])
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AttributeError,
-    reason="transformers' pipeline reads model.device and model.dtype, which "
-    "BiLSTMTokenClassifier (ablate/models/heads.py) does not have yet",
-)  # fmt: skip
 def test_a_bilstm_head_is_kept_in_its_own_layout_and_loads(
     slice_root, store, tmp_path, monkeypatch
 ):

@@ -16,6 +16,7 @@ from conftest import ROOT, compose_cfg, logged_runs, run_cli, slice_overrides
 from mlflow.tracking import MlflowClient
 
 from ablate.tracking.identity import identity
+from ablate.tracking.params import defaults
 
 RECORDED = json.loads((ROOT / "tests" / "data" / "regression.json").read_text())
 SAME_CPU = torch.backends.cpu.get_cpu_capability() == RECORDED["cpu_capability"]
@@ -64,7 +65,7 @@ def test_every_strategy_and_batching_path_computes_what_it_did_before_the_move(
     runs = logged_runs(store)
     assert len(runs) == len(RECORDED["strategies"]) + 4
     for run in runs:
-        p = run.data.params
+        p = {**defaults(), **run.data.params}  # a switch at its default is no param
         words = {"dev_accuracy": run.data.metrics["dev_words"],
                  "test_accuracy": run.data.metrics["test_words"]}  # fmt: skip
         if p["trainer.cache_frozen"] == "True":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers.modeling_outputs import TokenClassifierOutput
@@ -34,6 +35,16 @@ class BiLSTMTokenClassifier(nn.Module):
             encoder.config.hidden_size, lstm_hidden, batch_first=True, bidirectional=True
         )
         self.classifier = nn.Linear(2 * lstm_hidden, num_labels)
+
+    @property
+    def device(self) -> torch.device:
+        """The encoder's device (a transformers pipeline reads it)."""
+        return self.encoder.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The encoder's dtype (a transformers pipeline reads it)."""
+        return self.encoder.dtype
 
     @property
     def base_model(self) -> nn.Module:

@@ -196,6 +196,10 @@ class Run:
     def tags(self, tags: Mapping[str, Any]) -> None:
         self.journal.tags(tags)
 
+    def model(self, folder: str, name: str) -> None:
+        """Log the saved model in ``folder`` as the run's logged model ``name``."""
+        self.journal.model(folder, name)
+
     def metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         self.journal.metrics(metrics, step)
         self.system_metrics()

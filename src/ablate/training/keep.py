@@ -53,7 +53,7 @@ def keep(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, record:
         save(cfg, task, model, tokenizer, path)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
         # Until ablate.tracking.Run has its Recorder.model, its journal takes the model
-        (getattr(record, "model", None) or record.journal.model)(str(path), NAME)
+        record.model(str(path), NAME)
     log.info("kept the final model (%.1f MB): runs:/<run id>/%s", size, NAME)
 
 
