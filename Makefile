@@ -59,7 +59,7 @@ lr-search: $(STAMP) ## a fair lr per freeze option: one Optuna study each, then 
 bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio table in reports/bench/ and MLflow (ARGS="--epochs 1 ...")
 	$(PY) benchmarks/bench.py --uri "$(TRACKING_URI)" $(ARGS)
 
-report: $(STAMP) ## comparison report of the latest sweep: charts, summary.md, summary.csv, runs.csv in reports/ (ARGS="--all", ARGS="--sweep multirun/...")
+report: $(STAMP) ## comparison report of the latest sweep with runs: charts, summary.md/.csv, runs.csv in reports/ (ARGS="--all", "--sweep DIR")
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
 
 # JupyterLab refuses to start as root (a container on a GPU server) without --allow-root.
@@ -67,7 +67,7 @@ notebook: $(STAMP) ## the report inline: notebooks/compare.ipynb in JupyterLab (
 	@$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,notebook]'
 	$(VENV)/bin/jupyter lab notebooks/compare.ipynb --ip 127.0.0.1 --port $(NOTEBOOK_PORT) $(if $(filter 0,$(shell id -u)),--allow-root) $(ARGS)
 
-ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT)
+ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT); prints each experiment's runs page
 	$(PY) -m ablate.tracking.ui --uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
 
 server: $(STAMP) ## team MLflow server + UI on PostgreSQL at http://127.0.0.1:$(PORT) (DB_URL=... : existing database)
