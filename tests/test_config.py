@@ -40,7 +40,7 @@ def test_every_group_option_composes_and_resolves(group, option):
         assert resolved[group]["name"] == expected
 
 
-def test_core_groups_have_the_issue_options():
+def test_core_groups_have_their_options():
     assert {"naija", "ewt", "ud"} <= set(options("data"))
     assert {"minilm", "distilbert_multilingual", "tiny"} <= set(options("model"))
     assert {"none", "all", "first2", "first4", "alt", "last2"} <= set(options("freeze"))

@@ -43,7 +43,7 @@ def assert_same(client, run, want, words):
 
 
 @pytest.mark.heavy
-def test_every_strategy_and_batching_path_computes_what_it_did_before_the_move(
+def test_every_strategy_and_batching_path_computes_its_recorded_numbers(
     slice_root, store, tmp_path
 ):
     base = [*slice_overrides(slice_root, store, tmp_path), *RECORDED["overrides"]]

@@ -64,8 +64,8 @@ def user_cache() -> Path:
 def default_tracking_uri() -> str:
     """``$MLFLOW_TRACKING_URI`` if set, else an absolute sqlite store at the project root.
 
-    Always absolute: MLflow's own default depends on the working directory and on stray
-    ``./mlruns`` folders (BRIEF.md §5).
+    Always absolute: MLflow's own default depends on the working directory, and a stray
+    ``./mlruns/0/meta.yaml`` silently switches it to a file store.
     """
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
 
