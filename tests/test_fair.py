@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from ablate import docs, report, search
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG
-from ablate.report.lrsearch import Best
+from ablate.tracking.lrstudy import Best
 
 
 def test_the_fair_preset_composes_the_naija_grid_and_its_studies():

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from ablate import report
 from ablate.errors import AblateError
 from ablate.report import charts, stats
-from ablate.report.load import primary_metric
+from ablate.tracking.params import primary_metric
 
 CHART_FILES = [f"{name}.png" for name in report.CHARTS]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

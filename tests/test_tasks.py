@@ -34,9 +34,9 @@ from ablate.data.encode import IGNORE
 from ablate.data.sentences import Sentence, check_labels, hold_out
 from ablate.errors import AblateError
 from ablate.models import anatomy
-from ablate.report.load import primary_metric
 from ablate.tasks import ner, sst2
 from ablate.tasks.pos import UPOS, read_conllu
+from ablate.tracking.params import primary_metric
 
 CONLL = DATA / "conll2003"
 SST2 = DATA / "sst2"

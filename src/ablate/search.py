@@ -16,13 +16,14 @@ import sys
 from collections.abc import Sequence
 
 from hydra.errors import HydraException
+from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig
 
 from ablate import config, tasks
 from ablate.errors import AblateError
 from ablate.overrides import check as check_overrides
-from ablate.report.load import MlflowException
-from ablate.report.lrsearch import Best, Study, all_studies, best, table
+from ablate.report.lrsearch import table
+from ablate.tracking.lrstudy import Best, Study, all_studies, best
 from ablate.tracking.signals import pass_on
 
 PRESET = "hparams_search=lr"

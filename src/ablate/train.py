@@ -110,9 +110,9 @@ def take_tuned_lr(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    from ablate.report.lrsearch import tuned_lr
+    from ablate.tracking.lrstudy import search_command, tuned_lr
 
-    best = tuned_lr(cfg, _search_command(cfg))
+    best = tuned_lr(cfg, search_command(cfg))
     log.info(
         "freeze=%s trains at lr %.3g: the best of %d trials of study %s (dev %.4f, run %s)",
         cfg.freeze.name, best.lr, best.trials, best.study.name, best.value, best.run_id,
@@ -125,16 +125,6 @@ def take_tuned_lr(cfg: DictConfig) -> None:
         saved = Path(HydraConfig.get().runtime.output_dir) / sub / "config.yaml"
         if saved.parent.is_dir():
             OmegaConf.save(cfg, saved)
-
-
-def _search_command(cfg: DictConfig) -> str:
-    """The ``python -m ablate.search`` command that runs this job's study: its overrides, the
-    seed aside (the study's trials run at the default seed)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    keep = [o for o in given if not o.startswith(("seed=", "freeze="))]
-    return " ".join(["python -m ablate.search", *keep, f"freeze={cfg.freeze.name}"])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from ablate.config import RECIPE_LR_TAG, TUNED_TAG, default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import scope
 from ablate.tracking.history import latest_per_step
+from ablate.tracking.params import primary_metric
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
@@ -35,12 +36,6 @@ _RUN_METRICS = {
     "test_words": "test_words",
     "cache_frozen_time_s": "cache_frozen_time_s",
 }
-
-
-def primary_metric(metrics: dict[str, float], default: str = "accuracy") -> str:
-    """The run's primary metric: the one it logged ``best_dev_<metric>`` for."""
-    best = sorted(k.removeprefix("best_dev_") for k in metrics if k.startswith("best_dev_"))
-    return best[0] if len(best) == 1 else default
 
 
 def item_name(metrics: dict[str, float]) -> str:

@@ -24,7 +24,7 @@ from ablate.report.cell import LOADED, summary_row
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
 from ablate.report.load import Runs, describe_source, load_runs
 from ablate.report.stats import N_BOOT, Predictions
-from ablate.tracking.params import PINS, defaults
+from ablate.tracking.params import settings
 
 BASELINE = "none"
 # Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
@@ -56,23 +56,6 @@ class Report:
     notes: list[str]
     source: dict[str, str]
     baseline: str = BASELINE
-
-
-def settings(params: dict[str, str]) -> dict[str, str]:
-    """A run's params without those that may differ between seeds of one study (the seed, and
-    keys the schema marks as no setting: where files sit, threads, switches that change nothing
-    beyond seed noise): runs of one strategy with equal settings are its seeds. The strategy's
-    own ``freeze.*`` keys stay: a variant of a strategy is not one of its seeds."""
-    setting = config.flags("setting")
-    # a key a run did not log is at its default; the data files' pins are the datasets' digests
-    params = {k: v for k, v in {**defaults(), **params}.items() if not k.startswith(PINS)}
-
-    def is_setting(key: str) -> bool:  # a key inside a dict-valued key (tracking.tags.x) is its
-        while key not in setting and "." in key:
-            key = key.rsplit(".", 1)[0]
-        return setting.get(key, True)
-
-    return {k: v for k, v in params.items() if k not in ("seed", "freeze") and is_setting(k)}
 
 
 @functools.cache

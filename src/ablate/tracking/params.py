@@ -73,3 +73,26 @@ def defaults() -> dict[str, str]:
             continue
         out[name] = str(value)
     return out
+
+
+def settings(params: dict[str, str]) -> dict[str, str]:
+    """A run's params without those that may differ between seeds of one study (the seed, and
+    keys the schema marks as no setting: where files sit, threads, switches that change nothing
+    beyond seed noise): runs of one strategy with equal settings are its seeds. The strategy's
+    own ``freeze.*`` keys stay: a variant of a strategy is not one of its seeds."""
+    setting = config.flags("setting")
+    # a key a run did not log is at its default; the data files' pins are the datasets' digests
+    params = {k: v for k, v in {**defaults(), **params}.items() if not k.startswith(PINS)}
+
+    def is_setting(key: str) -> bool:  # a key inside a dict-valued key (tracking.tags.x) is its
+        while key not in setting and "." in key:
+            key = key.rsplit(".", 1)[0]
+        return setting.get(key, True)
+
+    return {k: v for k, v in params.items() if k not in ("seed", "freeze") and is_setting(k)}
+
+
+def primary_metric(metrics: dict[str, float], default: str = "accuracy") -> str:
+    """A run's primary metric: the one it logged ``best_dev_<metric>`` for."""
+    best = sorted(k.removeprefix("best_dev_") for k in metrics if k.startswith("best_dev_"))
+    return best[0] if len(best) == 1 else default
