@@ -15,7 +15,7 @@ LOCAL := conf/local/default.yaml
 export MLFLOW_DISABLE_TELEMETRY ?= true
 TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 
-.PHONY: help setup run test lint format sweep lr-search report notebook bench ui server server-stop clean distclean
+.PHONY: help setup run test lint format sweep lr-search report notebook bench ui server server-stop member password clean distclean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -70,11 +70,17 @@ notebook: $(STAMP) ## the report inline: notebooks/compare.ipynb in JupyterLab (
 ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT); prints each experiment's runs page
 	$(PY) -m ablate.tracking.ui --uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
 
-server: $(STAMP) ## team MLflow server + UI on PostgreSQL at http://127.0.0.1:$(PORT) (DB_URL=... : existing database)
-	$(PY) -m ablate.tracking.server start --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)")
+server: $(STAMP) ## team MLflow server + UI with login, on PostgreSQL, at http://127.0.0.1:$(PORT) (HOST=0.0.0.0: the network; DB_URL=...)
+	$(PY) -m ablate.tracking.server start --host "$(or $(HOST),127.0.0.1)" --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)")
 
 server-stop: $(STAMP) ## stop the server and database that `make server` started (by pid)
 	$(PY) -m ablate.tracking.server stop
+
+member: $(STAMP) ## add a server member or change its role: NAME=alice ROLE=reader|editor (EXPERIMENTS=a,b: only those)
+	$(PY) -m ablate.tracking.server member "$(NAME)" $(if $(ROLE),--role "$(ROLE)") $(if $(EXPERIMENTS),--experiments "$(EXPERIMENTS)")
+
+password: $(STAMP) ## a new server password for NAME (a member, or admin), written to its file in .server/
+	$(PY) -m ablate.tracking.server password "$(NAME)"
 
 clean: ## remove run outputs and caches (keeps mlflow.db and .venv)
 	rm -rf outputs .pytest_cache .ruff_cache

@@ -1,5 +1,8 @@
-"""The team server: PostgreSQL + ``mlflow server`` on loopback (``make server``), three sweeps
-writing into it at once, and its start and stop."""
+"""The team server (``make server``): MLflow's basic-auth app on a PostgreSQL cluster that asks
+for a password, on loopback; its members (an editor, a reader of one experiment), what it
+refuses, a grid logged by the editor and reported by the reader, and its start and stop.
+
+One server for the file (a start costs 10-30 s), started as ``make server`` starts it."""
 
 from __future__ import annotations
 
@@ -8,50 +11,231 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pandas as pd
+import psycopg2
 import pytest
-from conftest import logged_runs
+import requests
+from conftest import logged_runs, run_cli
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from test_scale import free_port, three_sweeps_at_once
 
 from ablate.errors import AblateError
-from ablate.tracking import server
+from ablate.tracking import members, procs, server
+from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user, read_credentials
+from ablate.tracking.journal import Journal, answers
+from ablate.tracking.store import check_reachable
+
+CLI = [sys.executable, "-m", "ablate.tracking.server"]
+SEARCH = "/api/2.0/mlflow/experiments/search"
 
 
-@pytest.fixture
-def team_server():
-    """PostgreSQL + mlflow server on loopback, in a folder the postgres user can reach."""
+@pytest.fixture(scope="module")
+def team():
+    """The server as ``make server`` starts it, with ``ed``, an editor of every experiment, and
+    ``rita``, a reader of experiments ``w0`` (the grid's) and ``notes`` (the other tests') only,
+    added with the member command."""
     folder = Path(tempfile.mkdtemp(prefix="ablate-server-"))
-    folder.chmod(0o755)
-    uri = server.start(folder, free_port(), free_port(), db_url=None)
-    yield uri, folder
-    server.stop(folder)
-    shutil.rmtree(folder, ignore_errors=True)
+    folder.chmod(0o755)  # the postgres user must reach it
+    port, pg_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_USER, ENV_PASSWORD)}
+    started = subprocess.run(
+        [*CLI, "--dir", str(folder), "start", "--port", str(port), "--pg-port", str(pg_port)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        for name, role, *only in (
+            ("ed", "editor"),
+            ("rita", "reader", "--experiments", "w0,notes"),
+        ):
+            server.main(["--dir", str(folder), "member", name, "--role", role, *only])
+        creds = {n: read_credentials(members.member_file(folder, n)) for n in ("ed", "rita")}
+        yield SimpleNamespace(
+            uri=f"http://127.0.0.1:{port}", folder=folder, pg_port=pg_port, started=started,
+            admin=read_credentials(folder / server.CREDENTIALS), **creds,
+        )  # fmt: skip
+    finally:
+        record = folder / server.STATE
+        pid = json.loads(record.read_text())["mlflow_pid"] if record.is_file() else None
+        server.stop(folder)
+        stopped = not (folder / "pg" / "postmaster.pid").exists()
+        shutil.rmtree(folder, ignore_errors=True)
+    # the server and its database are gone (the server may stay a zombie: its parent, the
+    # start command, has exited)
+    assert stopped and not record.exists() and not procs.alive(pid)
+
+
+def status(uri: str, auth: tuple[str, str] | None) -> int:
+    return requests.get(f"{uri}{SEARCH}", params={"max_results": 1}, auth=auth).status_code
+
+
+def refused(call) -> int:
+    """The HTTP status with which the server refuses ``call``."""
+    with pytest.raises(MlflowException) as exc:
+        call()
+    for code in (401, 403):
+        if f"error code {code} " in str(exc.value):
+            return code
+    raise AssertionError(str(exc.value))
+
+
+def test_make_server_asks_for_a_password_and_keeps_it_to_its_owner(team):
+    admin_password = team.admin[1]
+    for name in (server.CREDENTIALS, server.AUTH_CONFIG, "pgpass", server.SECRET):
+        mode = (team.folder / name).stat()
+        assert mode.st_mode & 0o777 == 0o600 and mode.st_uid == os.geteuid(), name
+    assert (team.folder / members.MEMBERS / "rita.credentials").stat().st_mode & 0o077 == 0
+    logs = [team.started.stdout, team.started.stderr]
+    logs += [(team.folder / n).read_text() for n in ("mlflow.log", "postgres.log")]
+    assert not any(admin_password in text for text in logs)
+    assert str(team.folder / server.CREDENTIALS) in team.started.stdout  # where to find it
+    assert requests.get(f"{team.uri}/health").status_code == 200  # open: a probe finds it
+    assert status(team.uri, None) == 401
+    assert status(team.uri, ("admin", "not-the-password")) == 401
+    assert status(team.uri, ("stranger", "a-password-123")) == 401
+    assert status(team.uri, team.admin) == 200
+
+
+def test_the_database_lets_in_only_the_server(team):
+    for host in ("127.0.0.1", str(team.folder)):  # TCP and the socket alike
+        with pytest.raises(psycopg2.OperationalError, match="password"):
+            psycopg2.connect(
+                host=host, port=team.pg_port, user="ablate", dbname="mlflow", passfile="/dev/null"
+            )
+    assert (team.folder / "pgpass").read_text().count(":ablate:") == 2  # the server's
+
+
+def test_a_reader_reads_only_what_it_is_granted_and_writes_nothing(team):
+    with as_user(*team.ed):
+        editor = MlflowClient(team.uri)
+        granted = editor.get_experiment_by_name("notes").experiment_id
+        run = editor.create_run(granted).info.run_id
+        editor.log_metric(run, "dev_accuracy", 0.5)
+        other = editor.create_experiment("not-for-rita")
+        elsewhere = editor.create_run(other).info.run_id
+    with as_user(*team.rita):
+        reader = MlflowClient(team.uri)
+        assert reader.get_run(run).data.metrics == {"dev_accuracy": 0.5}
+        assert refused(lambda: reader.log_metric(run, "dev_accuracy", 0.9)) == 403
+        assert refused(lambda: reader.set_tag(run, "note", "x")) == 403
+        assert refused(lambda: reader.create_run(granted)) == 403
+        assert refused(lambda: reader.delete_run(run)) == 403
+        # an experiment not granted to it: not listed, not readable
+        assert sorted(e.name for e in reader.search_experiments()) == ["notes", "w0"]
+        assert refused(lambda: reader.get_experiment(other)) == 403
+        assert refused(lambda: reader.get_run(elsewhere)) == 403
+    with as_user("stranger", "a-password-123"):
+        assert refused(lambda: MlflowClient(team.uri).get_run(run)) == 401
+
+
+def test_a_wrong_or_missing_password_is_one_line_before_training(team, tmp_path, monkeypatch):
+    home = os.environ["HOME"]
+    monkeypatch.delenv(ENV_USER, raising=False)
+    monkeypatch.delenv(ENV_PASSWORD, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.mlflow/credentials
+    with pytest.raises(AblateError, match=f"asks for a user and password: set {ENV_USER}"):
+        check_reachable(team.uri)
+    (tmp_path / ".mlflow").mkdir()
+    (tmp_path / ".mlflow" / "credentials").write_text(
+        "[mlflow]\nmlflow_tracking_username = rita\nmlflow_tracking_password = wrong-password\n"
+    )
+    with pytest.raises(AblateError, match=r"refused user 'rita' \(~/.mlflow/credentials\)"):
+        check_reachable(team.uri)
+    shutil.copy(members.member_file(team.folder, "rita"), tmp_path / ".mlflow" / "credentials")
+    check_reachable(team.uri)  # the member file, as it is handed over
+
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.setenv(ENV_USER, "ed")  # the environment comes before the file
+    monkeypatch.setenv(ENV_PASSWORD, "wrong-password")
+    proc = run_cli("model=tiny", f"tracking.uri={team.uri}", f"hydra.run.dir={tmp_path}/run")
+    assert proc.returncode == 2
+    (line,) = [x for x in proc.stderr.splitlines() if f"tracking.uri={team.uri}" in x]
+    assert f"refused user 'ed' ({ENV_USER}/{ENV_PASSWORD} in the environment)" in line
+    assert "Traceback" not in proc.stderr and "trainable" not in proc.stderr + proc.stdout
+
+
+def test_a_refused_password_mid_run_is_an_error_not_an_outage(team, tmp_path):
+    with as_user(*team.ed):
+        client = MlflowClient(team.uri)
+        run = client.create_run(client.get_experiment_by_name("notes").experiment_id).info.run_id
+    with as_user("ed", "changed-meanwhile"):
+        assert answers(team.uri)  # the server is there: nothing to wait for
+        journal = Journal(tmp_path / "journal", team.uri, run)
+        began = time.monotonic()
+        with pytest.raises(MlflowException, match="401"):
+            journal.metrics({"dev_accuracy": 0.5}, step=1)
+        assert time.monotonic() - began < 10 and journal.down_since is None
+
+
+def test_member_roles_and_passwords_change_with_one_command(team, capsys):
+    folder = str(team.folder)
+    server.main(["--dir", folder, "member", "carol", "--role", "reader"])
+    assert "carol is a reader of every experiment" in capsys.readouterr().out
+    old = read_credentials(members.member_file(team.folder, "carol"))
+    server.main(["--dir", folder, "password", "carol"])
+    new = read_credentials(members.member_file(team.folder, "carol"))
+    assert new[1] != old[1]
+    assert status(team.uri, old) == 401 and status(team.uri, new) == 200
+    with as_user(*team.ed):
+        client = MlflowClient(team.uri)
+        run = client.create_run(client.get_experiment_by_name("notes").experiment_id).info.run_id
+    with as_user(*new):
+        assert refused(lambda: MlflowClient(team.uri).set_tag(run, "by", "carol")) == 403
+    server.main(["--dir", folder, "member", "carol", "--role", "editor"])
+    assert "carol is now an editor of every experiment" in capsys.readouterr().out
+    with as_user(*new):  # the same password, now allowed to write
+        MlflowClient(team.uri).set_tag(run, "by", "carol")
+    with pytest.raises(SystemExit):
+        server.main(["--dir", folder, "password", "nobody"])
+    assert "no member 'nobody'" in capsys.readouterr().err
 
 
 @pytest.mark.heavy
-def test_three_parallel_sweeps_against_a_postgres_backed_server(team_server, slice_root, tmp_path):
-    uri, folder = team_server
-    state = (folder / server.STATE).read_text()
-    # two workers each: the server, not the jobs, takes the concurrency (the sqlite test runs
-    # the full three sweeps of four; so did this one, 12 of 12 FINISHED, before it was cut
-    # down to keep the suite under ten minutes on two cores)
-    three_sweeps_at_once(slice_root, uri, tmp_path, jobs=2)
-    runs = logged_runs(uri, "w0")
-    client = MlflowClient(uri)
+def test_a_grid_logged_by_an_editor_and_reported_by_a_reader(
+    team, slice_root, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(ENV_USER, team.ed[0])  # the editor's credentials, from the environment
+    monkeypatch.setenv(ENV_PASSWORD, team.ed[1])
+    # three sweeps of two joblib workers at once: the server, not the jobs, takes the
+    # concurrency (the sqlite test runs three sweeps of four)
+    three_sweeps_at_once(slice_root, team.uri, tmp_path, jobs=2)
+    runs = logged_runs(team.uri, "w0")
+    client = MlflowClient(team.uri)
     # artifacts went through the server into its artifact root
     assert {"config.yaml", "reports"} <= {
         a.path for a in client.list_artifacts(runs[0].info.run_id)
     }
-    assert any((folder / "artifacts").rglob("config.yaml"))
-    server.stop(folder)
-    assert not (folder / server.STATE).exists()
-    pid = json.loads(state)["mlflow_pid"]
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    assert not (folder / "pg" / "postmaster.pid").exists()
+    assert any((team.folder / "artifacts").rglob("config.yaml"))
+
+    # the reader, from the credentials file it was handed
+    home = tmp_path / "rita"
+    (home / ".mlflow").mkdir(parents=True)
+    shutil.copy(members.member_file(team.folder, "rita"), home / ".mlflow" / "credentials")
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_USER, ENV_PASSWORD)}
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ablate.report", "--uri", team.uri, "--experiment", "w0",
+         "--out", str(out)],
+        env={**env, "HOME": str(home)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{len(runs)} runs used" in proc.stdout
+    assert sorted(pd.read_csv(out / "summary.csv").strategy) == ["all", "none"]
+
+
+def test_a_server_beyond_loopback_needs_authentication_and_names_this_host(tmp_path):
+    with pytest.raises(AblateError, match="beyond 127.0.0.1 needs authentication"):
+        server.start(tmp_path, free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db", host="0.0.0.0")
+    patterns = server.allowed_host_patterns("0.0.0.0", ("proxy.lab",))
+    for name in (socket.gethostname(), "proxy.lab", "proxy.lab:*", "127.0.0.1:*"):
+        assert name in patterns
 
 
 def test_server_start_refuses_a_taken_port_and_stop_spares_a_reused_pid(tmp_path):

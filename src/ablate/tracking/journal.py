@@ -13,8 +13,6 @@ import json
 import logging
 import shutil
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from ablate.errors import AblateError
+from ablate.tracking.auth import health
 
 log = logging.getLogger("ablate")
 
@@ -31,14 +30,15 @@ _BATCH = 100  # MLflow's limit of params (and tags) per log_batch call
 
 
 def answers(uri: str, timeout: float = 2.0) -> bool:
-    """Whether the store at ``uri`` answers now (a file store always does)."""
+    """Whether the store at ``uri`` answers now (a file store always does).
+
+    A refusal (401 or 403, e.g. from a proxy in front) is an answer, not an outage: the record
+    that failed then raises its reason instead of waiting ``tracking.outage_min`` for nothing.
+    """
     if not uri.startswith(("http://", "https://")):
         return True
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    status = health(uri, timeout)
+    return status is not None and status < 500
 
 
 class Journal:

@@ -1,92 +1,55 @@
-"""A team tracking server: ``mlflow server`` on a PostgreSQL backend, started and stopped by pid.
+"""A team tracking server: ``mlflow server`` with authentication on a PostgreSQL backend,
+started and stopped by pid.
 
-``python -m ablate.server start`` creates (once) a PostgreSQL cluster under ``.server/pg`` from the
-machine's PostgreSQL binaries — or uses ``--db-url`` for an existing database — and starts
-``mlflow server`` on 127.0.0.1 with an artifact root under ``.server/artifacts``.
-``python -m ablate.server stop`` stops what ``start`` started, by the pids it recorded.
+``python -m ablate.tracking.server start`` creates (once) a PostgreSQL cluster under
+``.server/pg`` that asks for a password (``ablate.tracking.postgres``) — or uses ``--db-url``
+for an existing database — and starts MLflow's basic-auth app on it with an artifact root under
+``.server/artifacts``. On the first start it generates the admin's password into
+``.server/credentials`` (owner-only, MLflow's credentials-file format; never printed). ``member``
+adds a member (reader or editor) or changes its role, ``password`` gives one a new password
+(``ablate.tracking.members``), ``stop`` stops what ``start`` started, by the pids it recorded.
+
+Users and permissions live in ``.server/basic_auth.db`` (sqlite), beside the server whatever
+database ``--db-url`` names: their password hashes stay on this machine, and writes to it are
+few (a member added, an experiment created).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import os
-import shutil
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from ablate.config import project_root
 from ablate.errors import AblateError
 from ablate.tracking import procs
+from ablate.tracking.auth import (
+    as_user,
+    check_server,
+    health,
+    new_password,
+    read_credentials,
+    write_credentials,
+    write_private,
+)
+from ablate.tracking.postgres import client_env, start_postgres, stop_postgres
 
 STATE = "server.json"
-
-
-def pg_bin(name: str) -> str:
-    """Path of a PostgreSQL program: on PATH, else the newest /usr/lib/postgresql/*/bin."""
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    if not candidates:
-        raise AblateError(f"PostgreSQL's {name} not found (install PostgreSQL, or pass --db-url)")
-    return candidates[-1]
-
-
-def _as_postgres(cmd: list[str]) -> list[str]:
-    # PostgreSQL refuses to run as root; drop to the distribution's postgres user when we are root.
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
-
-
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise AblateError(f"{' '.join(cmd)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-
-
-def start_postgres(folder: Path, port: int) -> str:
-    """Create (once) and start a local cluster in ``folder``; return its SQLAlchemy URL."""
-    data = folder / "pg"
-    if not (data / "PG_VERSION").is_file():
-        data.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            shutil.chown(data, "postgres", "postgres")
-        _run(_as_postgres([pg_bin("initdb"), "-D", str(data), "-U", "ablate", "-A", "trust"]))
-    if os.geteuid() == 0:
-        shutil.chown(folder, "postgres", "postgres")  # for the log and the socket
-    _run(
-        _as_postgres(
-            [
-                pg_bin("pg_ctl"), "-D", str(data), "-l", str(folder / "postgres.log"), "-w",
-                "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start",
-            ]
-        )
-    )  # fmt: skip
-    created = subprocess.run(
-        [pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "ablate", "mlflow"],
-        capture_output=True,
-        text=True,
-    )
-    if created.returncode != 0 and "already exists" not in created.stderr:
-        stop_postgres(str(data))  # nothing records it yet: do not leave it running
-        raise AblateError(f"createdb failed: {created.stderr.strip()}")
-    return f"postgresql+psycopg2://ablate@127.0.0.1:{port}/mlflow"
-
-
-def stop_postgres(data: str) -> None:
-    """Stop the local cluster in folder ``data`` (fast shutdown), if it runs."""
-    subprocess.run(
-        _as_postgres([pg_bin("pg_ctl"), "-D", data, "-m", "fast", "-w", "stop"]),
-        capture_output=True,
-    )
+CREDENTIALS = "credentials"  # the admin's
+ADMIN = "admin"
+AUTH_CONFIG, AUTH_DB, SECRET = "basic_auth.ini", "basic_auth.db", "flask_secret"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# A password check costs the server ~0.1 s of CPU (scrypt); a worker remembers a good one this
+# long, so a password changed or a member removed is refused by every worker within a minute.
+AUTH_CACHE_S = 60
 
 
 def wait_healthy(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
@@ -95,67 +58,154 @@ def wait_healthy(url: str, timeout: float, proc: subprocess.Popen | None = None)
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise AblateError(f"mlflow server exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        if health(url) == 200:
+            return
         time.sleep(0.5)
     raise AblateError(f"mlflow server at {url} not healthy after {timeout:.0f} s")
 
 
-def start(folder: Path, port: int, pg_port: int, db_url: str | None, timeout: float = 120) -> str:
-    """Start PostgreSQL (unless ``db_url``) and the MLflow server; return the tracking URI."""
+def start(
+    folder: Path,
+    port: int,
+    pg_port: int,
+    db_url: str | None,
+    timeout: float = 120,
+    *,
+    host: str = "127.0.0.1",
+    auth: bool = False,
+    allowed_hosts: tuple[str, ...] = (),
+) -> str:
+    """Start PostgreSQL (unless ``db_url``) and the MLflow server; return the tracking URI.
+
+    ``auth``: MLflow's basic-auth app (``make server`` always asks for it); without it the server
+    is open to whoever reaches the port, so it must stay on loopback.
+    """
     folder = folder.resolve()
+    if host not in LOOPBACK and not auth:
+        raise AblateError(f"host {host}: a server beyond 127.0.0.1 needs authentication")
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / STATE).is_file():
         raise AblateError(f"{folder / STATE}: a server is already recorded; stop it first")
-    _check_port_free(port)
-    state: dict = {"port": port}
+    _check_port_free(host, port)
+    env = _auth_env(folder) if auth else {}
+    state: dict = {"port": port, "host": host, "auth": auth}
     if db_url is None:
         db_url = start_postgres(folder, pg_port)
         state["pg_data"] = str(folder / "pg")
         (folder / STATE).write_text(json.dumps(state))  # stop() can stop it, whatever follows
     try:
-        return _start_mlflow(folder, port, db_url, state, timeout)
+        return _start_mlflow(folder, port, db_url, state, timeout, env, allowed_hosts)
     except BaseException:
         stop(folder)
         raise
 
 
-def _start_mlflow(folder: Path, port: int, db_url: str, state: dict, timeout: float) -> str:
+def _auth_env(folder: Path) -> dict[str, str]:
+    """The basic-auth app's settings (``folder``/basic_auth.ini) and secrets, passed to the
+    server in its environment: the admin's password from ``folder``/credentials, made on the
+    first start."""
+    try:
+        import flask_wtf  # noqa: F401  (MLflow's auth extra)
+    except ImportError:
+        raise AblateError(
+            "MLflow's authentication needs its extra: pip install 'mlflow[auth]'"
+        ) from None
+    creds = folder / CREDENTIALS
+    if not creds.is_file():
+        if (folder / AUTH_DB).is_file():
+            raise AblateError(
+                f"{creds} is missing but {folder / AUTH_DB} holds the admin user: restore the "
+                f"file, or move {folder / AUTH_DB} away (its members go with it)"
+            )
+        write_credentials(creds, ADMIN, new_password())
+    if not (folder / SECRET).is_file():
+        write_private(folder / SECRET, secrets.token_hex(32))
+    # a member sees only the experiments granted to it (ablate.tracking.members)
+    write_private(
+        folder / AUTH_CONFIG,
+        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{folder / AUTH_DB}\nadmin_username = {ADMIN}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        f"auth_cache_ttl_seconds = {AUTH_CACHE_S}\n",
+    )
+    user, password = read_credentials(creds)
+    return {
+        "MLFLOW_AUTH_CONFIG_PATH": str(folder / AUTH_CONFIG),
+        "MLFLOW_AUTH_ADMIN_USERNAME": user,
+        "MLFLOW_AUTH_ADMIN_PASSWORD": password,  # used once, when the user store is created
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": (folder / SECRET).read_text().strip(),
+    }
+
+
+def allowed_host_patterns(host: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The Host headers the server accepts: MLflow's own (loopback and private addresses), and
+    beyond loopback this machine's names and ``extra`` (e.g. a reverse proxy's name)."""
+    from mlflow.server.security_utils import get_default_allowed_hosts
+
+    names = {host, socket.gethostname(), socket.getfqdn(), *extra} - {"0.0.0.0", "::"}
+    return [*get_default_allowed_hosts(), *sorted(n for name in names for n in (name, f"{name}:*"))]
+
+
+def _start_mlflow(
+    folder: Path,
+    port: int,
+    db_url: str,
+    state: dict,
+    timeout: float,
+    auth_env: dict[str, str],
+    allowed_hosts: tuple[str, ...] = (),
+) -> str:
     (folder / "artifacts").mkdir(exist_ok=True)
+    host = state.get("host", "127.0.0.1")
     log = open(folder / "mlflow.log", "ab")  # noqa: SIM115  (the server outlives this function)
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env = {**client_env(folder), "MLFLOW_DISABLE_TELEMETRY": "true", **auth_env}
+    cmd = [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", db_url,
+        "--artifacts-destination", str(folder / "artifacts"),
+        "--host", host, "--port", str(port), "--workers", "2",
+    ]  # fmt: skip
+    if auth_env:
+        cmd += ["--app-name", "basic-auth"]
+    if host not in LOOPBACK:
+        cmd += ["--allowed-hosts", ",".join(allowed_host_patterns(host, allowed_hosts))]
     proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", db_url,
-            "--artifacts-destination", str(folder / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
-        ],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )  # fmt: skip
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     state["mlflow_pid"] = proc.pid
     state["mlflow_started"] = procs.started(proc.pid)
     (folder / STATE).write_text(json.dumps(state))
-    uri = f"http://127.0.0.1:{port}"
+    uri = local_uri(folder)
     wait_healthy(uri, timeout, proc)
     if proc.poll() is not None:  # something else answered on the port
         raise AblateError(f"mlflow server exited with code {proc.returncode}")
+    if auth_env:  # the admin's file matches the user store (a restored backup may not)
+        with as_user(*read_credentials(folder / CREDENTIALS)):
+            check_server(uri)
     return uri
 
 
-def _check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+def local_uri(folder: Path) -> str:
+    """The address of the server recorded in ``folder``, from this machine."""
+    path = folder.resolve() / STATE
+    if not path.is_file():
+        raise AblateError(f"no server recorded in {folder}: start it first (make server)")
+    state = json.loads(path.read_text())
+    host = state.get("host", "127.0.0.1")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "localhost") else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{state['port']}"
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         # as the server binds: a port left in TIME_WAIT is free, a listening one is not
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(("127.0.0.1", port))
+            probe.bind((host, port))
         except OSError as exc:
             raise AblateError(
-                f"port {port} on 127.0.0.1 is taken ({exc.strerror}; `make ui` uses it too?): "
+                f"port {port} on {host} is taken ({exc.strerror}; `make ui` uses it too?): "
                 f"choose another with --port (make server PORT=...)"
             ) from None
 
@@ -191,24 +241,46 @@ def stop(folder: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Team MLflow tracking server on PostgreSQL.")
-    parser.add_argument("action", choices=["start", "stop"])
+def main(argv: list[str] | None = None) -> None:
+    from ablate.tracking import members
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ablate.tracking.server",
+        description="Team MLflow tracking server with authentication, on PostgreSQL.",
+    )
     parser.add_argument("--dir", type=Path, default=project_root() / ".server")
-    parser.add_argument("--port", type=int, default=5000, help="MLflow server port")
-    parser.add_argument("--pg-port", type=int, default=5433, help="local PostgreSQL port")
-    parser.add_argument("--db-url", default=None, help="existing database (SQLAlchemy URL)")
-    args = parser.parse_args()
+    sub = parser.add_subparsers(dest="action", required=True)
+    begin = sub.add_parser("start", help="start the server (and its database)")
+    begin.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
+    begin.add_argument("--port", type=int, default=5000, help="MLflow server port")
+    begin.add_argument("--pg-port", type=int, default=5433, help="local PostgreSQL port")
+    begin.add_argument("--db-url", default=None, help="existing database (SQLAlchemy URL)")
+    begin.add_argument("--allowed-hosts", default="", help="more names clients use, a,b")
+    sub.add_parser("stop", help="stop what start started")
+    member = sub.add_parser("member", help="add a member, or change its role")
+    member.add_argument("name")
+    member.add_argument("--role", required=True, choices=sorted(members.ROLES))
+    member.add_argument("--experiments", default="", help="only these experiments, a,b")
+    renew = sub.add_parser("password", help="a new password for a member (or the admin)")
+    renew.add_argument("name")
+    args = parser.parse_args(argv)
     try:
         if args.action == "start":
-            uri = start(args.dir, args.port, args.pg_port, args.db_url)
-            print(f"MLflow server at {uri} (logs in {args.dir}); use it with:")
-            print(f"  export MLFLOW_TRACKING_URI={uri}    # or tracking.uri={uri}")
-        else:
+            extra = tuple(h for h in args.allowed_hosts.split(",") if h)
+            uri = start(args.dir, args.port, args.pg_port, args.db_url, host=args.host,
+                        auth=True, allowed_hosts=extra)  # fmt: skip
+            shown = uri if args.host in LOOPBACK else f"http://<this host>:{args.port}"
+            print(f"MLflow server at {shown} with authentication (logs in {args.dir});")
+            print(f"  the admin's password is in {args.dir / CREDENTIALS} (MLflow's format)")
+            print("  add a member: make member NAME=alice ROLE=reader|editor; members use it with:")
+            print(f"  export MLFLOW_TRACKING_URI={shown}    # or tracking.uri=...")
+        elif args.action == "stop":
             stop(args.dir)
             print(f"stopped the server recorded in {args.dir}")
+        else:
+            print(members.main(args))
     except AblateError as exc:
-        print(f"ablate.server: error: {exc}", file=sys.stderr)
+        print(f"ablate.tracking.server: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

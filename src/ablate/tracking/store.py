@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,16 +24,14 @@ KIND = {EXPERIMENT_KIND: "custom_model_development"}
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """Fail at once, not after an hour of training, if the store can't be used.
 
-    MLflow's HTTP client retries with backoff for minutes; a short health probe answers first.
+    MLflow's HTTP client retries with backoff for minutes; a short probe answers first, and
+    tells a server that refuses the credentials from one that is not there.
     """
     if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError) as exc:
-            raise AblateError(f"tracking.uri={uri}: no MLflow server answers ({exc})") from exc
-        raise AblateError(f"tracking.uri={uri}: server health check failed")
+        from ablate.tracking.auth import check_server
+
+        check_server(uri, timeout)
+        return
     if uri.startswith("sqlite:///"):
         folder = Path(uri.removeprefix("sqlite:///")).parent
         try:

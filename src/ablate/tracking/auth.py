@@ -1,0 +1,156 @@
+"""Credentials for a tracking server that asks for them, and the probe that tells a missing
+server from a refused password before any training starts.
+
+A client takes its user and password where MLflow looks: ``MLFLOW_TRACKING_USERNAME`` and
+``MLFLOW_TRACKING_PASSWORD``, else MLflow's credentials file ``~/.mlflow/credentials``. The
+files ``make server`` writes (the admin's, each member's) use that file's format, readable by
+their owner only.
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+from ablate.errors import AblateError
+
+ENV_USER, ENV_PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+MLFLOW_FILE = "~/.mlflow/credentials"
+_SECTION = "mlflow"
+# an authenticated endpoint that any user may call: a server with authentication answers 401
+# to a missing or wrong password, and filters (never refuses) what the user may not read
+_PROBE = "/api/2.0/mlflow/experiments/search"
+
+
+def new_password() -> str:
+    """A random password (24 URL-safe characters; MLflow asks for at least 12)."""
+    return secrets.token_urlsafe(18)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable and writable by its owner only (0600), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    tmp.replace(path)
+
+
+def write_credentials(path: Path, username: str, password: str) -> None:
+    """A credentials file in MLflow's format (copy it to ``~/.mlflow/credentials`` to use it)."""
+    write_private(
+        path,
+        f"[{_SECTION}]\n{ENV_USER.lower()} = {username}\n{ENV_PASSWORD.lower()} = {password}\n",
+    )
+
+
+def read_credentials(path: Path) -> tuple[str, str]:
+    """(user, password) of a credentials file in MLflow's format."""
+    parser = configparser.ConfigParser()
+    if not parser.read(path) or _SECTION not in parser:
+        raise AblateError(f"{path}: no [{_SECTION}] credentials here")
+    section = parser[_SECTION]
+    user, password = section.get(ENV_USER.lower()), section.get(ENV_PASSWORD.lower())
+    if not user or not password:
+        raise AblateError(f"{path}: {ENV_USER.lower()} or {ENV_PASSWORD.lower()} is missing")
+    return user, password
+
+
+@contextlib.contextmanager
+def as_user(username: str, password: str) -> Iterator[None]:
+    """MLflow's clients in this process authenticate as ``username`` inside the block."""
+    saved = {key: os.environ.get(key) for key in (ENV_USER, ENV_PASSWORD)}
+    os.environ[ENV_USER], os.environ[ENV_PASSWORD] = username, password
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _get(uri: str, endpoint: str, timeout: float, **params):
+    """MLflow's own request (its credentials and TLS settings), tried once."""
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    return http_request(
+        get_default_host_creds(uri), endpoint, "GET", max_retries=0, timeout=timeout,
+        raise_on_status=False, params=params or None,
+    )  # fmt: skip
+
+
+def health(uri: str, timeout: float = 2.0) -> int | None:
+    """The HTTP status of the server's health check, or None when nothing answers."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _get(uri, "/health", timeout).status_code
+    except MlflowException:
+        return None
+
+
+def _reason(exc: Exception) -> str:
+    """The socket's words from a failed request (requests nests them three deep)."""
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\] [^\"')]+", text)
+    if found:
+        return found.group(0)
+    return "timed out" if "timeout" in text.lower() else text
+
+
+def _whose() -> str:
+    """Where MLflow takes the credentials from, as a user would look for them."""
+    from mlflow.utils.credentials import read_mlflow_creds
+
+    user = read_mlflow_creds().username
+    if os.environ.get(ENV_USER) or os.environ.get(ENV_PASSWORD):
+        return f"user {user!r} ({ENV_USER}/{ENV_PASSWORD} in the environment)"
+    return f"user {user!r} ({MLFLOW_FILE})"
+
+
+def check_server(uri: str, timeout: float = 5.0) -> None:
+    """One line, at once, when the server at ``uri`` is not there or refuses these credentials.
+
+    MLflow's health check is open on a server with authentication, so an authenticated
+    endpoint is asked as well: a wrong password is an error here, not a retry loop later.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.credentials import read_mlflow_creds
+
+    try:
+        status = _get(uri, "/health", timeout).status_code
+        if status == 200:
+            status = _get(uri, _PROBE, timeout, max_results=1).status_code
+    except MlflowException as exc:
+        reason = _reason(exc)
+        raise AblateError(f"tracking.uri={uri}: no MLflow server answers ({reason})") from None
+    if status == 200:
+        return
+    creds = read_mlflow_creds()
+    if status == 401 and not (creds.username and creds.password):
+        raise AblateError(
+            f"tracking.uri={uri}: the server asks for a user and password: set {ENV_USER} and "
+            f"{ENV_PASSWORD}, or put them in {MLFLOW_FILE} (the file `make member` wrote)"
+        )
+    if status == 401:
+        raise AblateError(
+            f"tracking.uri={uri}: the server refused {_whose()}: wrong password or no such "
+            f"member; fix {ENV_USER}/{ENV_PASSWORD} or {MLFLOW_FILE}, or ask the server's "
+            f"admin (make member / make password)"
+        )
+    if status == 403:
+        raise AblateError(
+            f"tracking.uri={uri}: the server lets {_whose()} in but not read its experiments: "
+            f"ask its admin (make member)"
+        )
+    raise AblateError(f"tracking.uri={uri}: server health check failed (HTTP {status})")
