@@ -17,6 +17,7 @@ from ablate.errors import AblateError
 from ablate.report import scope
 from ablate.tracking.history import latest_per_step
 from ablate.tracking.params import primary_metric
+from ablate.tracking.store import check_reachable
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
@@ -96,6 +97,8 @@ def _client(uri: str, experiment: str):
             f"no MLflow store at {uri.removeprefix('sqlite:///')}: train first (make run), or "
             "pass the store with --uri"
         )
+    if uri.startswith(("http://", "https://")):
+        check_reachable(uri)  # a server that is away or refuses the credentials: one line
     try:
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(experiment)

@@ -1,6 +1,6 @@
 """The MLflow store: checked reachable before any training, its schema and experiment created
-once before the jobs of a sweep start (parallel jobs racing to create them corrupt runs
-silently, BRIEF.md §5), and RUNNING runs whose process died marked KILLED."""
+once before the jobs of a sweep start (parallel jobs racing to create them crash, or put a
+run in experiment "Default" without an error), and RUNNING runs whose process died marked KILLED."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
     With ``stale_after_min``, RUNNING runs whose process died are marked KILLED first.
 
     Called once before the jobs of a sweep start (``ablate.sweep.Sweep``): parallel jobs racing to
-    create tables or the experiment corrupt runs silently (BRIEF.md §5).
+    create tables crash, and one losing the race to create the experiment logs its run into
+    "Default" without an error.
     """
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
