@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from ablate.config import conf_dir
+from ablate import config
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -41,9 +40,39 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     """Files with a ``heavy`` test first: pytest-xdist hands out whole files in this order
     (``--no-loadscope-reorder``), so the minutes-long ones start at once on both workers
-    instead of one of them finishing the suite alone."""
+    instead of one of them finishing the suite alone. Every test that starts a process (the
+    CLI, a server) or is ``heavy`` is marked ``process``: `make test-fast` leaves those out."""
+    for item in items:
+        if item.get_closest_marker("heavy") or _starts_a_process(item):
+            item.add_marker("process")
     heavy = {item.path for item in items if item.get_closest_marker("heavy")}
     items.sort(key=lambda item: item.path not in heavy)  # stable: the rest keep their order
+
+
+# What a test calls, directly or through its fixtures and its module's helpers, when it starts
+# a process (the CLI, a server) or runs the entry points that launch jobs (ablate.search's
+# studies, the bench); found in the code so that no list of such tests is kept by hand.
+_PROCESS_CALLS = {"run_cli", "subprocess", "Popen", "search", "bench"}
+
+
+def _starts_a_process(item) -> bool:
+    import inspect
+
+    functions = [getattr(item, "function", None)]
+    functions += [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+    seen: set = set()
+    while functions:
+        fn = functions.pop()
+        fn = inspect.unwrap(fn) if callable(fn) else None
+        if fn is None or fn in seen or not hasattr(fn, "__code__"):
+            continue
+        seen.add(fn)
+        names = set(fn.__code__.co_names)
+        if names & _PROCESS_CALLS:
+            return True
+        scope = getattr(fn, "__globals__", {})
+        functions += [scope[n] for n in names if inspect.isfunction(scope.get(n))]
+    return False
 
 
 def conllu_blocks(path: Path) -> list[str]:
@@ -137,8 +166,7 @@ def run_cli(
 
 def compose_cfg(*overrides: str):
     """The composed ``train`` config with ``overrides``, as ``python -m ablate.train`` sees it."""
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+    return config.compose(*overrides)
 
 
 class FakeRecorder:

@@ -122,7 +122,7 @@ def test_a_job_submitit_requeues_continues_the_same_run(long_root, tmp_path):
     assert again.info.run_id == run.info.run_id  # the requeued job continued it
     assert again.info.status == "FINISHED" and again.data.tags["ablate.resumed"] == "true"
     assert len(history(store, run.info.run_id, "dev_accuracy")) == 3
-    assert json.loads(again.data.tags["ablate.process"])["pid"] != job
+    assert "ablate.process" not in again.data.tags  # a finished run has no liveness tags
     # the launcher's sweep is one parent run, FINISHED, with the job as its child
     (parent,) = sweep_parents(store)
     assert parent.info.status == "FINISHED"

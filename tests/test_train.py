@@ -119,10 +119,11 @@ def test_datasets_a_few_tags_and_artifacts(single_run, slice_root, tmp_path):
         assert name == f"UD_Naija-Slice/{split}" and digest == sha256_of(path)[:32]
         assert str(path) in json.dumps(source)
         assert files[split] == {"path": str(path), "sha256": sha256_of(path)}
-    # the run page's tags: the record's few, MLflow's own (mlflow.*) aside
+    # the run page's tags: the record's few, MLflow's own (mlflow.*) aside; a finished run has
+    # no liveness bookkeeping (its process, its heartbeat)
     assert {k for k in tags if not k.startswith("mlflow.")} == {
         "git.commit", "git.dirty", "device", "freeze.frozen_blocks", "ablate.identity",
-        "ablate.process", "ablate.heartbeat", "ablate.checkpoint_dir",
+        "ablate.checkpoint_dir",
     }  # fmt: skip
     assert not [k for k, v in run.data.metrics.items() if v == 0 and k.startswith("dev_")]
     assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's system metrics
@@ -197,6 +198,7 @@ def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tm
         f"dev_accuracy/{f}": pytest.approx(v) for f, v in by_strategy.items()
     }
     assert "| none |" in parent.data.tags["mlflow.note.content"]
+    assert not {"ablate.process", "ablate.heartbeat"} & set(parent.data.tags)
     # the experiment opens on its runs in MLflow's UI, not on the GenAI overview
     kind = client.get_experiment_by_name("grid").tags["mlflow.experimentKind"]
     assert kind == "custom_model_development"

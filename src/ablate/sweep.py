@@ -125,6 +125,7 @@ def end_sweep(
     from mlflow.tracking import MlflowClient
 
     from ablate.tracking.parent import REUSED
+    from ablate.tracking.run import LIVENESS
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
@@ -152,6 +153,9 @@ def end_sweep(
     client.set_tag(run_id, "ablate.jobs", described)
     _shared_params(client, run_id, runs)
     summary = _report(client, run_id, uri, experiment)
+    for key in LIVENESS:  # only a RUNNING run needs them
+        if key in tags:
+            client.delete_tag(run_id, key)
     client.set_terminated(run_id, status)
     print(f"\nSweep {status}: {described}. MLflow run {run_id} in {uri} ({experiment}).")
     if summary:

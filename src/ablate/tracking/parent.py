@@ -28,9 +28,14 @@ def recorded(sweep_dir: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def in_multirun() -> bool:
+    """True inside a job of a ``--multirun`` sweep."""
+    return HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
+
+
 def sweep_parent() -> str | None:
     """The id of the parent run of this job's sweep, or None outside a sweep."""
-    if not HydraConfig.initialized() or str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
+    if not in_multirun():
         return None
     found = recorded(HydraConfig.get().sweep.dir)
     return found["run_id"] if found else None

@@ -32,7 +32,7 @@ from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
 from ablate.tracking.params import flatten, selected
-from ablate.tracking.parent import REUSED, recorded, sweep_parent
+from ablate.tracking.parent import REUSED, in_multirun, recorded, sweep_parent
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
 from ablate.tracking.ui import address
@@ -159,13 +159,6 @@ def reused(twin) -> None:
     )
 
 
-def in_multirun() -> bool:
-    """True inside a job of a ``--multirun`` sweep."""
-    if not HydraConfig.initialized():
-        return False
-    return str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
-
-
 class Run:
     """The MLflow run of the current job: what training records through (``Recorder``).
 
@@ -256,6 +249,8 @@ class Run:
 
 
 RUN_INFO = "run.json"
+# Tags that tell a live run from a dead one: its process and its last heartbeat.
+LIVENESS = ("ablate.process", "ablate.heartbeat")
 
 
 def finished_twin(cfg: DictConfig):
@@ -305,10 +300,7 @@ def start_run(
         )  # fmt: skip
         client.delete_run(old)
         resumed, started_over = None, {"ablate.started_over": old}
-    this_process = {
-        "ablate.process": json.dumps(process()),
-        "ablate.heartbeat": f"{time.time():.0f}",
-    }
+    this_process = dict(zip(LIVENESS, (json.dumps(process()), f"{time.time():.0f}"), strict=True))
     if resumed is not None:
         run_id = resumed.info.run_id
         # before it is RUNNING again: a job starting meanwhile must not take the dead process's
@@ -362,8 +354,10 @@ def start_run(
             _end_keeping(run, "FAILED", wait)
             raise
         else:
+            done = list(LIVENESS)  # only a RUNNING run needs them (mark_stale_runs)
             if resumed is not None and "error" in resumed.data.tags:  # why it stopped, before
-                run.journal.untag(["error"])
+                done.append("error")
+            run.journal.untag(done)
             run.end("FINISHED", wait)
 
 
