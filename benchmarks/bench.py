@@ -1,13 +1,12 @@
 """``python benchmarks/bench.py`` (``make bench``): ablate's training against the plain recipe.
 
-The plain recipe is the earlier study's: the stock HF Trainer, the tokenizer run for every job,
-random batches padded per batch (``DataCollatorForTokenClassification``), the default AdamW and
-eval batches of 8 — with the same model, data, lr, batch size, weight decay, epochs and frozen
-parameters as ablate. Every job is a fresh process (so peak RSS is per job) and the recipes
-alternate (plain, ablate, bf16, then bf16, ablate, plain, ...) so that drift in the machine's
-load hits all of them. Every recipe logs to MLflow through the same callbacks; the summary (a
-markdown table of ablate / plain ratios) is printed, written to ``--out`` and logged as a run
-of ``--experiment``.
+The plain recipe (``shared.py``) is the earlier study's: the stock HF Trainer, the tokenizer run
+for every job, random batches padded per batch, the default AdamW and eval batches of 8 — with
+the same model, data, lr, batch size, weight decay, epochs and frozen parameters as ablate.
+Every job is a fresh process (so peak RSS is per job) and the recipes alternate (plain, ablate,
+bf16, then bf16, ablate, plain, ...) so that drift in the machine's load hits all of them.
+Every recipe logs to MLflow through the same callbacks; the summary (a markdown table of ablate /
+plain ratios) is printed, written to ``--out`` and logged as a run of ``--experiment``.
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from shared import compose, plain_fit, write_slice
 
 log = logging.getLogger("ablate.bench")
 
@@ -92,121 +93,6 @@ def dropout_off(model: str) -> list[str]:
             f"(known: {', '.join(DROPOUT_KEYS)})"
         )
     return [f"++model.config_overrides.{key}=0.0" for key in DROPOUT_KEYS[kind]]
-
-
-def _blocks(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8")
-    return [b.strip("\n") + "\n" for b in text.split("\n\n") if b.strip()]
-
-
-def write_slice(data: str, root: Path, sizes: dict[str, int]) -> str:
-    """The first ``sizes[split]`` sentences of dataset ``data`` as a treebank under ``root/ud``;
-    returns its folder name (``data=ud data.treebank=<name>``)."""
-    from ablate.data.files import locate
-
-    cfg = compose([f"data={data}"])
-    files = locate(cfg.data)
-    name = f"UD_Bench-{cfg.data.name}"
-    folder = root / "ud" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, path in files.paths.items():
-        blocks = _blocks(path)[: sizes[split]]
-        (folder / f"bench-ud-{split}.conllu").write_text("\n".join(blocks) + "\n", "utf-8")
-    return name
-
-
-def compose(overrides: list[str]):
-    """The composed ``train`` config with ``overrides``, as ``python -m ablate.train`` sees it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from ablate import config
-
-    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
-        return hydra_compose("train", overrides=overrides)
-
-
-def _plain_accuracy(eval_pred) -> dict[str, float]:
-    # The study's compute_metrics: argmax over the full logits the Trainer gathered.
-    import numpy as np
-
-    from ablate.tasks.metrics import accuracy, scored
-
-    logits = eval_pred.predictions
-    logits = logits[0] if isinstance(logits, tuple) else logits
-    gold, pred = scored(np.argmax(logits, axis=-1), np.asarray(eval_pred.label_ids))
-    return {"accuracy": accuracy(gold, pred), "words": float(gold.size)}
-
-
-def plain_fit(cfg, run, output_dir: str) -> None:
-    """The plain recipe on ``cfg``'s data, model, freezing and optimisation settings."""
-    import numpy as np
-    import torch
-    from transformers import (
-        DataCollatorForTokenClassification,
-        Trainer,
-        TrainingArguments,
-        set_seed,
-    )
-
-    from ablate import strategies, tasks
-    from ablate.data.files import locate
-    from ablate.models.build import build, load_tokenizer
-    from ablate.speed.meter import CountingCollator, SpeedMeter
-    from ablate.tasks.metrics import accuracy, scored
-    from ablate.training.callbacks import EpochLogger
-    from ablate.training.resources import peak_rss_mb, torch_threads
-
-    torch.set_num_threads(torch_threads(cfg))
-    set_seed(cfg.seed)
-    task = tasks.get(cfg.data.task)
-    files = locate(cfg.data)
-    sentences = {s: task.read(p, lowercase=cfg.data.lowercase) for s, p in files.paths.items()}
-    if cfg.data.max_train_sentences is not None:
-        sentences["train"] = sentences["train"][: cfg.data.max_train_sentences]
-    tokenizer = load_tokenizer(cfg.model)
-    label2id = {name: i for i, name in enumerate(task.labels)}
-    t0 = time.perf_counter()
-    features = {
-        s: task.encode(sents, tokenizer, label2id, cfg.data.max_length)
-        for s, sents in sentences.items()
-    }
-    run.metrics({"tokenize_time_s": time.perf_counter() - t0})
-    model = strategies.apply(build(cfg.model, task.model_class, task.labels), cfg.freeze).model
-    t = cfg.trainer
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=t.epochs,
-        learning_rate=t.lr,
-        per_device_train_batch_size=t.batch_size,
-        weight_decay=t.weight_decay,
-        eval_strategy="epoch",
-        logging_strategy="epoch",
-        save_strategy="no",
-        report_to="none",
-        seed=cfg.seed,
-        use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=True,
-    )
-    collator = CountingCollator(DataCollatorForTokenClassification(tokenizer))
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=features["train"],
-        eval_dataset=features["dev"],
-        data_collator=collator,
-        processing_class=tokenizer,
-        compute_metrics=_plain_accuracy,
-        callbacks=[EpochLogger(run), SpeedMeter(run, collator, measure_flops=True)],
-    )
-    trainer.train()
-    for split in ("dev", "test"):  # the same final predictions as ablate makes
-        out = trainer.predict(features[split])
-        logits = out.predictions[0] if isinstance(out.predictions, tuple) else out.predictions
-        gold, pred = scored(np.argmax(logits, axis=-1), np.asarray(out.label_ids))
-        if split == "test":
-            run.metrics({"test_accuracy": accuracy(gold, pred)})
-    run.metrics({"peak_rss_mb": peak_rss_mb()})
 
 
 HISTORIES = (
