@@ -1,9 +1,14 @@
-"""The compute a run takes: the CPUs it may use, its torch threads, and its peak memory."""
+"""The compute a run takes: the CPUs it may use, its torch threads, its GPU among a parallel
+launcher's workers, and its peak memory."""
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
+import sys
+import tempfile
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -40,6 +45,80 @@ def torch_threads(cfg: DictConfig) -> int:
     if cfg.trainer.threads:
         return cfg.trainer.threads
     return max(1, usable_cpus() // launcher_workers())
+
+
+log = logging.getLogger(__name__)
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs):
+    that variable where it is set, else every GPU the driver counts (NVML: CUDA is not started)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [name.strip() for name in listed.split(",") if name.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+_slots: dict[str, tuple[int, int, str]] = {}  # sweep key -> (slot, its lock's fd, the GPU taken)
+
+
+def _claim_slot(workers: int, key: str) -> int | None:
+    """The lowest of slots 0..workers-1 that no live process of sweep ``key`` holds, held by this
+    process until it exits (an flock on a file per slot; the system drops it with the process)."""
+    import fcntl
+
+    folder = Path(tempfile.gettempdir()) / "ablate-gpu-slots" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    for slot in range(workers):
+        fd = os.open(folder / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        _slots[key] = (slot, fd, "")
+        return slot
+    return None
+
+
+def assign_gpu(
+    workers: int | None = None, gpus: list[str] | None = None, key: str | None = None
+) -> str | None:
+    """In a parallel launcher's worker on a machine with N > 1 GPUs, worker i takes GPU i mod N
+    alone (``CUDA_VISIBLE_DEVICES``, set before CUDA starts): N workers run one job per GPU, k x N
+    workers k jobs per GPU. Returns what it did, or None where there is nothing to do (no launcher
+    workers, one GPU: the jobs share it; SLURM: each task gets its own GPUs).
+
+    ``workers`` (the launcher's, ``launcher_workers``), ``gpus`` (``visible_gpus``) and ``key``
+    (the sweep: the workers' parent process) default to this process's; a worker keeps its slot,
+    and so its GPU, for every job it runs."""
+    key = key or f"ppid{os.getppid()}"
+    if key in _slots:
+        slot, _, gpu = _slots[key]
+        return f"worker {slot} of the sweep: GPU {gpu} (kept from its first job)"
+    workers = launcher_workers() if workers is None else workers
+    if workers <= 1:
+        return None
+    gpus = visible_gpus() if gpus is None else gpus
+    if len(gpus) <= 1:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        log.warning("%d GPUs, %d workers: CUDA started before a GPU was assigned; this job "
+                    "uses the first visible GPU", len(gpus), workers)  # fmt: skip
+        return None
+    slot = _claim_slot(workers, key)
+    if slot is None:
+        return None
+    gpu = gpus[slot % len(gpus)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    _slots[key] = (slot, _slots[key][1], gpu)
+    per_gpu = -(-workers // len(gpus))
+    done = f"worker {slot} of {workers}: GPU {gpu} of {len(gpus)} (up to {per_gpu} jobs per GPU)"
+    log.info("%s", done)
+    return done
 
 
 WAIT_POLICIES = ("auto", "passive", "inherit")
