@@ -59,6 +59,20 @@ lr-search: $(STAMP) ## a fair lr per freeze option: one Optuna study each, then 
 bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio table in reports/bench/ and MLflow (ARGS="--epochs 1 ...")
 	$(PY) benchmarks/bench.py --uri "$(TRACKING_URI)" $(ARGS)
 
+# The GPU bench (docs/speed.md). A lent GPU machine has no network: `make gpu-wheels` (here)
+# fills $(GPU_ASSETS) with what it lacks; `make bench-gpu` there installs it and runs the bench
+# in its python3 (a checkout's .venv where there is one).
+GPU_ASSETS ?= .gpu-bench
+GPU_PY = $(if $(wildcard $(STAMP)),$(PY),python3)
+.PHONY: gpu-wheels bench-gpu
+
+gpu-wheels: $(STAMP) ## what make bench-gpu needs on a GPU machine without network, into .gpu-bench/
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/gpu_assets.py fill $(GPU_ASSETS) $(ARGS)
+
+bench-gpu: ## ablate vs the plain recipe on this GPU, in 8 minutes: table in reports/bench-gpu/
+	@if [ -d $(GPU_ASSETS)/wheels ]; then $(GPU_PY) benchmarks/gpu_assets.py install $(GPU_ASSETS); fi
+	PYTHONPATH=$(CURDIR)/src HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 $(GPU_PY) benchmarks/bench_gpu.py --assets $(GPU_ASSETS) --out "$${OUT:-reports/bench-gpu}" $(ARGS)
+
 report: $(STAMP) ## comparison report of the latest sweep with runs: charts, summary.md/.csv, runs.csv in reports/ (ARGS="--all", "--sweep DIR")
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
 

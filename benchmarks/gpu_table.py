@@ -1,0 +1,199 @@
+"""The table of ``bench_gpu.py``: per model, strategy and recipe the train time per epoch,
+evaluation time, peak GPU memory, tokens/s and dev accuracy; and the grid's wall times."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import statistics
+from pathlib import Path
+
+RECIPE_NAMES = {
+    "plain": "plain fp32",
+    "plain_bf16": "plain bf16 (`bf16=True`)",
+    "ablate": "ablate (its defaults)",
+}
+
+
+def recipe_name(recipe: str) -> str:
+    """How the table names ``recipe`` (an ablate variant: ``ablate <name>``)."""
+    return RECIPE_NAMES.get(recipe, f"ablate {recipe}")
+
+
+def steady(values: list[float]) -> float:
+    """The mean after the first value (which pays the process's CUDA start-up), else the one."""
+    values = values[1:] if len(values) > 1 else values
+    return statistics.fmean(values) if values else math.nan
+
+
+def summarise(result: dict) -> dict:
+    """One job's row: steady-state train time per epoch, evaluation time and tokens/s, the first
+    epoch's time, dev accuracy after the last epoch, peak GPU memory and wall time."""
+    train_s = steady(result["epoch_time_s"])
+    tokens = steady(result["train_tokens"])
+    acc = result["dev_accuracy"]
+    return {
+        "train_s": train_s,
+        "first_epoch_s": result["epoch_time_s"][0] if result["epoch_time_s"] else math.nan,
+        "eval_s": steady(result["dev_eval_time_s"]),
+        "tokens_per_s": tokens / train_s if train_s else math.nan,
+        "dev_acc": 100 * acc[-1] if acc else math.nan,
+        "peak_gpu_mb": result.get("peak_gpu_mb"),
+        "padding_pct": steady(result.get("padding_pct") or []),
+        "wall_s": result["wall_s"],
+    }
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return fmt.format(value)
+
+
+HEAD = (
+    "| model | strategy | recipe | train s/epoch | × plain fp32 | eval s | peak GPU MiB "
+    "| tokens/s | dev acc (%) |\n|---|---|---|--:|--:|--:|--:|--:|--:|\n"
+)
+
+
+def table(rows: dict, models: list[str], freezes: list[str], recipes: list[str]) -> str:
+    """The markdown table of ``rows`` ((model, freeze, recipe) -> ``summarise``'s dict, or a
+    string saying why the job has no numbers)."""
+    lines = [HEAD]
+    for model in models:
+        for freeze in freezes:
+            base = rows.get((model, freeze, "plain"))
+            for i, recipe in enumerate(recipes):
+                row = rows.get((model, freeze, recipe), "not run")
+                label = [model if i == 0 else "", freeze if i == 0 else "", recipe_name(recipe)]
+                if isinstance(row, str):
+                    lines.append("| " + " | ".join([*label, row, *["—"] * 5]) + " |\n")
+                    continue
+                ratio = None
+                if isinstance(base, dict) and base["train_s"]:
+                    ratio = row["train_s"] / base["train_s"]
+                cells = [
+                    _cell(row["train_s"], "{:.2f}"),
+                    _cell(ratio, "{:.2f}"),
+                    _cell(row["eval_s"], "{:.2f}"),
+                    _cell(row["peak_gpu_mb"], "{:.0f}"),
+                    _cell(row["tokens_per_s"], "{:.0f}"),
+                    _cell(row["dev_acc"], "{:.2f}"),
+                ]
+                lines.append("| " + " | ".join([*label, *cells]) + " |\n")
+    return "".join(lines)
+
+
+def grid_table(grid: dict) -> str:
+    """The grid's wall times: ablate's sweep, plain's jobs one after another, their ratio."""
+    lines = ["| the grid, as it runs | wall time (s) | jobs finished |\n|---|--:|--:|\n"]
+    for key in ("ablate", "plain"):
+        part = grid.get(key)
+        if not part:
+            continue
+        wall = _cell(part.get("wall_s"), "{:.1f}")
+        if part.get("cut"):
+            wall = f"> {wall} (cut at the time budget)"
+        lines.append(f"| {part['how']} | {wall} | {part['finished']} of {part['jobs']} |\n")
+    a, p = grid.get("ablate") or {}, grid.get("plain") or {}
+    if a.get("wall_s") and p.get("wall_s") and not a.get("cut") and not p.get("cut"):
+        lines.append(f"| ablate / plain | {a['wall_s'] / p['wall_s']:.2f} | |\n")
+    return "".join(lines)
+
+
+def describe(args, notes: dict, commit: str, cpus: int, argv: list[str]) -> dict:
+    """What the document says of its run: device (filled in from the jobs), date, commit,
+    command, settings and notes."""
+    dev = f"the first {args.dev_sentences}" if args.dev_sentences else "all"
+    command = "python benchmarks/bench_gpu.py " + " ".join(argv)
+    return {
+        "device": "not measured",
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+        "commit": commit,
+        "command": command.strip(),
+        "cpus": cpus,
+        "settings": (
+            f"Table: {args.epochs} epoch(s) on the first {args.train_sentences} Naija training "
+            f"sentences, {dev} dev sentences, the study's recipe (lr 5e-5, batch 16), seed "
+            f"{args.seed}{', tiny model shapes on the CPU (--dry-run)' if args.dry_run else ''}. "
+            "train s/epoch and tokens/s (non-pad training tokens per second) are the mean over "
+            "the epochs after the first, which pays the process's CUDA start-up; eval s is the "
+            "dev evaluation after those epochs; dev acc after the last epoch; × plain fp32 is "
+            "the train time's ratio."
+        ),
+        "grid_settings": (
+            f"Grid: {len(args.grid_freeze) * len(args.grid_data)} jobs "
+            f"({','.join(args.grid_freeze)} x {','.join(args.grid_data)}), 1 epoch on the first "
+            f"{args.grid_train_sentences} training sentences, MiniLM's shape; wall time from "
+            "the command's start to its end (process start-up, tokenisation, training, "
+            "evaluation, tracking)."
+        ),
+        "notes": [
+            *(f"{m}: {notes[m]}" for m in args.models if m in notes),
+            "Every recipe starts from the same random weights (saved once); LoRA's adapters are "
+            "drawn from the same seed. Dropout masks differ between recipes (ablate packs other "
+            "batches), so dev accuracy agrees within seed noise, not to the last digit.",
+            "The table's ablate jobs run without epoch checkpoints and the kept model "
+            "(trainer.checkpoints=false, keep_model=false): neither is in a measured column. "
+            "The grid runs with ablate's defaults.",
+        ],
+    }
+
+
+def document(meta: dict, body: str, grid: str) -> str:
+    """The markdown the bench prints and writes: what ran where, the table, the grid, notes."""
+    head = [
+        f"GPU bench: {meta['device']}; {meta['date']}; commit {meta['commit']}.",
+        f"Command: `{meta['command']}`",
+        "",
+        meta["settings"],
+        "",
+        body,
+    ]
+    if grid:
+        head += ["", meta["grid_settings"], "", grid]
+    head += ["", "Notes:", *[f"- {note}" for note in meta["notes"]]]
+    return "\n".join(head).rstrip() + "\n"
+
+
+def results(folder: Path) -> list[dict]:
+    """The results a worker wrote into ``folder`` (one JSON file per finished job)."""
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+def write(args, state: dict) -> str:
+    """Write bench-gpu.md, .json and .log to ``--out`` from what has run so far; returns the
+    markdown."""
+    rows, raw = {}, []
+    for folder in sorted(state["work"].glob("table*")):
+        raw += results(folder) if folder.is_dir() else []
+    got = {(r["job"], r["recipe"]): r for r in raw}
+    for recipe in state["recipes"]:
+        phase = state["phases"].get(f"table-{recipe}")
+        missing = "not run"
+        if phase is not None:
+            missing = "cut at the budget" if phase.get("cut") else "failed (bench-gpu.log)"
+            missing = f"skipped: {phase['skipped']}" if "skipped" in phase else missing
+        for model in args.models:
+            for freeze in args.freeze:
+                job = got.get((f"{model}/{freeze}", recipe))
+                rows[(model, freeze, recipe)] = summarise(job) if job else missing
+    meta = state["meta"]
+    if raw:
+        meta["device"] = raw[0]["device"]
+    body = table(rows, args.models, args.freeze, state["recipes"])
+    grid = grid_table(state["grid"]) if state["grid"] else ""
+    text = document(meta, body, grid)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench-gpu.md").write_text(text)
+    flat = [{"model": m, "freeze": f, "recipe": r, **(v if isinstance(v, dict) else {"why": v})}
+            for (m, f, r), v in rows.items()]  # fmt: skip
+    (out / "bench-gpu.json").write_text(json.dumps(
+        {"meta": meta, "table": flat, "grid": state["grid"], "phases": state["phases"],
+         "jobs": raw}, indent=1, default=str))  # fmt: skip
+    with open(out / "bench-gpu.log", "w") as log:
+        for name, path in state["logs"].items():
+            log.write(f"===== {name}\n{path.read_text(errors='replace')[-200_000:]}\n")
+    return text
