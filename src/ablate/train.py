@@ -40,9 +40,11 @@ def main(cfg: DictConfig) -> float:
             )  # fmt: skip
             tracking.reused(twin)  # the sweep reports over it as one of its runs
             return twin.data.metrics.get(f"best_dev_{primary}", float("nan"))
-        from ablate.training.resources import set_wait_policy
+        from ablate.training.resources import assign_gpu, set_wait_policy
 
         set_wait_policy(cfg)  # before torch loads OpenMP
+        if (gpu := assign_gpu()) is not None:  # worker i takes GPU i mod N, before CUDA starts
+            log.info("%s", gpu)
         from ablate.strategies import STRATEGIES
         from ablate.training import checkpoints
         from ablate.training.fit import fit
