@@ -15,7 +15,7 @@ LOCAL := conf/local/default.yaml
 export MLFLOW_DISABLE_TELEMETRY ?= true
 TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 
-.PHONY: help setup run test lint format sweep lr-search report notebook bench ui server server-stop member password clean distclean
+.PHONY: help setup run test test-fast lint format sweep lr-search report notebook bench bench-gpu gpu-wheels ui server server-stop member password clean distclean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ run: setup ## a real short training run (Naija, MiniLM, 300 sentences, 1 epoch),
 
 test: setup ## the whole test suite (offline)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(ARGS)
+
+test-fast: setup ## the suite without the tests that start processes (the CLI, servers, sweeps)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not process" $(ARGS)
 
 lint: $(STAMP) ## ruff check and format check
 	$(PY) -m ruff check .
