@@ -67,7 +67,6 @@ bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio 
 # in its python3 (a checkout's .venv where there is one).
 GPU_ASSETS ?= .gpu-bench
 GPU_PY = $(if $(wildcard $(STAMP)),$(PY),python3)
-.PHONY: gpu-wheels bench-gpu
 
 gpu-wheels: $(STAMP) ## what make bench-gpu needs on a GPU machine without network, into .gpu-bench/
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/gpu_assets.py fill $(GPU_ASSETS) $(ARGS)
