@@ -22,7 +22,7 @@ from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build as build_model
 from ablate.models.build import load_tokenizer
-from ablate.strategies import lora
+from ablate.strategies import peft_methods
 from ablate.tasks import TASKS
 from ablate.tasks.pos import UPOS, read_conllu
 from ablate.tracking.history import latest_per_step
@@ -138,16 +138,16 @@ def test_bilstm_head_on_a_frozen_minilm_counts():
 
 
 def test_lora_targets_default_per_architecture_and_are_checked(minilm):
-    assert lora.lora_targets(minilm, compose_cfg("freeze=lora").freeze) == ["query", "value"]
+    lora = peft_methods.METHODS["lora"]
+    found = peft_methods.targets(minilm, compose_cfg("freeze=lora").freeze, lora)
+    assert len(found) == 2 * 6 and {n.rsplit(".", 1)[1] for n in found} == {"query", "value"}
     distil = DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=37, num_labels=C)
     distil_model = TASKS["pos"].model_class.from_config(distil)
-    assert lora.lora_targets(distil_model, compose_cfg("freeze=lora").freeze) == [
-        "q_lin",
-        "v_lin",
-    ]
+    found = peft_methods.targets(distil_model, compose_cfg("freeze=lora").freeze, lora)
+    assert len(found) == 2 * 2 and {n.rsplit(".", 1)[1] for n in found} == {"q_lin", "v_lin"}
     cfg = compose_cfg("freeze=lora", "freeze.target_modules=[query,qkv]").freeze
     with pytest.raises(AblateError, match=r"freeze\.target_modules=.*\['qkv'\].*query, value"):
-        lora.lora_targets(minilm, cfg)
+        peft_methods.targets(minilm, cfg, lora)
 
 
 @pytest.mark.parametrize(

@@ -167,10 +167,32 @@ class FreezeConfig:
     every: int = key(0, "freeze blocks 0, every, 2*every, ... (2: alternating)")
     layers: list[int] = key([], "freeze these block indices")
     embeddings: bool = key(False, "also freeze the embedding layer")
-    r: int = key(8, "LoRA rank")
-    alpha: int = key(16, "LoRA scaling alpha")
-    dropout: float = key(0.1, "LoRA dropout")
-    target_modules: list[str] | None = key(None, "LoRA targets; null = per architecture")
+    r: int = key(8, "rank (lora, dora, loha, lokr, vera); adalora: the average rank it ends at")
+    alpha: int = key(16, "lora, dora, adalora: adapters scaled by alpha/r; loha, lokr: alpha")
+    dropout: float = key(0.1, "dropout on the adapters' input (lora, dora, adalora, vera)")
+    target_modules: list[str] | None = key(
+        None, "the encoder's modules a peft method adapts, by the last part of their name "
+        "(`query`) or their path inside a block (`output.dense`); null = the method's default "
+        "for the architecture",
+    )  # fmt: skip
+    feedforward_modules: list[str] | None = key(
+        None, "ia3: targets whose input is rescaled (the rest: their output); null = the "
+        "feed-forward output layer, where targeted", added=True,
+    )  # fmt: skip
+    init_r: int = key(12, "adalora: the rank each adapter starts at", added=True)
+    tinit: float = key(
+        0.0, "adalora: share of the run's steps before its rank budget starts to fall",
+        added=True,
+    )  # fmt: skip
+    tfinal: float = key(
+        0.0, "adalora: share of the run's steps, at the end, trained at the final budget",
+        added=True,
+    )  # fmt: skip
+    delta_t: int = key(1, "adalora: steps between two reallocations of the budget", added=True)
+    orth_reg_weight: float = key(
+        0.5, "adalora: weight of the orthogonality penalty on its singular vectors", added=True
+    )
+    d_initial: float = key(0.1, "vera: initial value of its scaling vector d", added=True)
     decay: float = key(0.9, "llrd: lr x decay^(depth from the top) per block")
     schedule: list[int] | None = key(
         None, "gradual: top blocks trainable in epoch 1, 2, ...; null = 0, 1, 2, ..."

@@ -22,7 +22,10 @@ from ablate.report.render import millions, share
 from ablate.report.summary import LR_FROM_STUDY
 from ablate.speed import registry
 
-FILES = ("README.md", "docs/config.md", "docs/speed.md", "docs/results/README.md")
+FILES = (
+    "README.md", "docs/config.md", "docs/speed.md", "docs/tasks-and-strategies.md",
+    "docs/results/README.md",
+)  # fmt: skip
 
 
 def _first_comment(path: Path) -> str:
@@ -32,22 +35,37 @@ def _first_comment(path: Path) -> str:
     return ""
 
 
-def freeze_table(model: str = "minilm") -> str:
-    """Markdown table: each ``freeze`` option, what it does, its trainable params on ``model``."""
+# The strategy families of the earlier studies, whose options the README's table lists; every
+# option, the peft methods' too, is in docs/tasks-and-strategies.md (``freeze-table all``).
+STUDIED_FAMILIES = ("layers", "bitfit", "llrd", "gradual", "lora")
+
+
+@functools.cache
+def _freeze_row(option: str, model: str) -> tuple[str, str]:
+    """(the option's strategy family, its row of the freeze table)."""
     from ablate import strategies, tasks
     from ablate.models.build import build
 
-    rows = []
     pos = tasks.get("pos")
-    for path in sorted((conf_dir() / "freeze").glob("*.yaml")):
-        option, what = path.stem, _first_comment(path)
-        cfg = config.compose(f"model={model}", f"freeze={option}")
-        # A fresh model per option: strategies may wrap or change it.
-        a = strategies.apply(build(cfg.model, pos.model_class, pos.labels), cfg.freeze)
-        rows.append(
-            f"| `freeze={option}` | {what} | {a.trainable_params:,} | {a.total_params:,} | "
-            f"{a.trainable_pct:.2f} % |"
-        )
+    cfg = config.compose(f"model={model}", f"freeze={option}")
+    # A fresh model per option: strategies may wrap or change it.
+    a = strategies.apply(build(cfg.model, pos.model_class, pos.labels), cfg.freeze)
+    what = _first_comment(conf_dir() / "freeze" / f"{option}.yaml")
+    return cfg.freeze.strategy, (
+        f"| `freeze={option}` | {what} | {a.trainable_params:,} | {a.total_params:,} | "
+        f"{a.trainable_pct:.2f} % |"
+    )
+
+
+def freeze_table(options: str = "studied", model: str = "minilm") -> str:
+    """Markdown table: each ``freeze`` option, what it does, its trainable params on ``model``.
+    ``options``: ``studied``, those of the earlier studies' families (``STUDIED_FAMILIES``);
+    ``all``."""
+    if options not in ("studied", "all"):
+        raise ValueError(f"freeze-table {options!r}: one of studied, all")
+    paths = sorted((conf_dir() / "freeze").glob("*.yaml"))
+    found = [_freeze_row(path.stem, model) for path in paths]
+    rows = [row for family, row in found if options == "all" or family in STUDIED_FAMILIES]
     header = (
         f"| option | what it does | trainable params ({model}) | total params | trainable |\n"
         "|---|---|---:|---:|---:|"

@@ -85,14 +85,16 @@ def head_modules(model: nn.Module) -> list[str]:
 
 
 def _shadow_params(model: nn.Module) -> set[int]:
-    # peft keeps a frozen copy of every module it trains in full (``modules_to_save``, e.g. the
-    # classifier) as ``original_module``; the model in use holds the trained copy instead.
-    return {
-        id(p)
+    # peft keeps a frozen copy of every module it trains in full: ``original_module`` of a
+    # module in ``modules_to_save`` (e.g. the classifier), ``base_layer`` of a LayerNorm under LN
+    # tuning. The model in use holds the trained copy instead.
+    shadows = [
+        m.original_module
         for m in model.modules()
         if hasattr(m, "original_module") and hasattr(m, "modules_to_save")
-        for p in m.original_module.parameters()
-    }
+    ]
+    shadows += [m.base_layer for m in model.modules() if hasattr(m, "ln_tuning_layers")]
+    return {id(p) for m in shadows for p in m.parameters()}
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:
@@ -100,3 +102,50 @@ def count_params(model: nn.Module) -> tuple[int, int]:
     shadow = _shadow_params(model)
     params = [p for p in model.parameters() if id(p) not in shadow]
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+# The modules each kind of parameter-efficient method adapts by default, per architecture
+# (``config.model_type``), named as ``freeze.target_modules`` names them (``target_names``):
+# ``attention``: the query and value projections (LoRA and its kin); ``ia3``: key, value and the
+# feed-forward output layer, whose input (the feed-forward activations) ``ia3_feedforward``
+# rescales; ``norms``: every LayerNorm. Other architectures fall back to peft's own tables.
+_BERT_LIKE = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
+TARGETS: dict[str, dict[str, list[str]]] = {
+    "attention": {
+        **dict.fromkeys(_BERT_LIKE, ["query", "value"]),
+        "mpnet": ["q", "v"],
+        "distilbert": ["q_lin", "v_lin"],
+        "deberta-v2": ["query_proj", "value_proj"],
+    },
+    "ia3": {
+        **dict.fromkeys(_BERT_LIKE, ["key", "value", "output.dense"]),
+        "mpnet": ["k", "v", "output.dense"],
+        "distilbert": ["k_lin", "v_lin", "ffn.lin2"],
+        "deberta-v2": ["key_proj", "value_proj", "output.dense"],
+    },
+    "ia3_feedforward": {
+        **dict.fromkeys((*_BERT_LIKE, "mpnet", "deberta-v2"), ["output.dense"]),
+        "distilbert": ["ffn.lin2"],
+    },
+    "norms": {
+        **dict.fromkeys((*_BERT_LIKE, "mpnet", "deberta-v2"), ["LayerNorm"]),
+        "distilbert": ["LayerNorm", "sa_layer_norm", "output_layer_norm"],
+    },
+}
+
+
+def target_names(model: nn.Module, kind: type[nn.Module]) -> dict[str, set[str]]:
+    """The encoder's modules of type ``kind`` (the head's left out), by their name in the task
+    model, each with the names a target may give it: the last part of its name (``query``) and,
+    inside a transformer block, its path there (``attention.self.query``; ``output.dense`` is
+    the feed-forward output, not ``attention.output.dense``)."""
+    inner = unwrap(model)
+    head = pooler(model)
+    outside = {id(m) for m in head.modules()} if head is not None else set()
+    inside = {id(m) for m in encoder(model).modules()} - outside
+    in_block = {id(m): path for block in blocks(model) for path, m in block.named_modules() if path}
+    return {
+        name: {name.rsplit(".", 1)[-1], in_block.get(id(m), name.rsplit(".", 1)[-1])}
+        for name, m in inner.named_modules()
+        if isinstance(m, kind) and id(m) in inside
+    }

@@ -10,6 +10,7 @@ with the ``freeze`` keys it reads (``register``; docs/extending.md). The head al
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,13 +77,15 @@ def apply(model: nn.Module, cfg: DictConfig) -> Applied:
 
 
 def _register_builtin() -> None:
-    from ablate.strategies import bitfit, gradual, layers, llrd, lora
+    from ablate.strategies import bitfit, gradual, layers, llrd, peft_methods
 
     register(Strategy("layers", layers.freeze_layers, layers.SELECTORS))
     register(Strategy("bitfit", bitfit.freeze_bitfit))
     register(Strategy("llrd", llrd.freeze_llrd, (*layers.SELECTORS, "decay")))
     register(Strategy("gradual", gradual.freeze_gradual, ("schedule",)))
-    register(Strategy("lora", lora.freeze_lora, ("r", "alpha", "dropout", "target_modules")))
+    for method in peft_methods.METHODS.values():  # lora, dora, adalora, ...: one each
+        apply_method = functools.partial(peft_methods.apply_method, method=method)
+        register(Strategy(method.name, apply_method, method.keys))
 
 
 _register_builtin()

@@ -5,18 +5,18 @@ A Hugging Face task model is saved with MLflow's transformers flavour: plain
 ``mlflow.transformers.load_model`` loads it too. Two kinds that flavour cannot hold keep a layout
 of their own (flavour ``ablate`` in the MLmodel file), which ``load`` reads:
 
-- ``adapter``: a LoRA run over a pretrained encoder keeps its adapter and trained head (peft's
-  ``save_pretrained``) and the tokenizer; ``load`` reads the encoder from ``model.name_or_path``
-  again. The transformers flavour would save a PEFT model's encoder with the adapter's layers in
-  it, whose query and value weights then load as random ones, or would refer to a hub encoder
-  whose head lacks the run's labels.
+- ``adapter``: a peft method (LoRA, DoRA, AdaLoRA, VeRA, ...) over a pretrained encoder keeps
+  its adapter and trained head (peft's ``save_pretrained``) and the tokenizer; ``load`` reads the
+  encoder from ``model.name_or_path`` again. The transformers flavour would save a PEFT model's
+  encoder with the adapter's layers in it, whose query and value weights then load as random
+  ones, or would refer to a hub encoder whose head lacks the run's labels.
 - ``weights``: the BiLSTM head (``model.head=bilstm``, no Hugging Face class): its config, its
   weights (safetensors) and the tokenizer.
 
 What is saved is the trained model as a new process builds it: the task model built again from
 ``model``'s config with the trained weights, so no module a speed plugin swapped in (fast dropout,
-trained embedding rows) goes with it. LoRA over a random encoder (``model.pretrained=false``) is
-merged into it and kept whole: that encoder cannot be had again.
+trained embedding rows) goes with it. A peft method over a random encoder
+(``model.pretrained=false``) is merged into it and kept whole: that encoder cannot be had again.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import contextlib
 import copy
 import logging
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from transformers import PreTrainedModel
 
 from ablate import tasks
 from ablate.errors import AblateError
+from ablate.models import anatomy
 from ablate.models.build import build
 from ablate.training.recorder import Recorder
 
@@ -86,9 +88,18 @@ def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: P
 
 def plain_copy(model_cfg: DictConfig, task: tasks.Task, trained: nn.Module) -> nn.Module:
     """The task model built afresh from ``model_cfg`` (no weights read) holding ``trained``'s
-    weights; a LoRA model merged into it."""
+    weights; a peft method merged into it."""
     if _is_peft(trained):
-        trained = copy.deepcopy(trained).merge_and_unload()
+        from peft.utils import ModulesToSaveWrapper
+
+        trained = copy.deepcopy(trained)
+        # What trains whole (the head) leaves peft's wrappers as its trained copy before the
+        # merge: peft 0.21 fails to unload a wrapped module without a weight of its own (BERT's
+        # pooler, under LoHa, LoKr, VeRA and (IA)^3), and LN tuning leaves the wrappers in place
+        for wrapper in [m for m in trained.modules() if isinstance(m, ModulesToSaveWrapper)]:
+            parent, name = anatomy.owner(trained, wrapper)
+            setattr(parent, name, wrapper.modules_to_save[wrapper.active_adapter])
+        trained = trained.merge_and_unload()
     fresh = build(OmegaConf.merge(model_cfg, {"pretrained": False}), task.model_class, task.labels)
     # A speed plugin's module may hold more than its plain counterpart (the embedding rows it
     # trains); every weight of the plain model must come from the trained one.
@@ -105,7 +116,7 @@ def load(model_uri: str, base: str | None = None, **pipeline_kwargs):
     """A kept model (``runs:/<run id>/model``, ``models:/<model id>`` or its local folder) as a
     transformers pipeline: ``load(uri)("A new sentence")`` labels its words (or the sentence).
 
-    ``base``: where a LoRA adapter's encoder is now, if not at the run's ``model.name_or_path``;
+    ``base``: where a peft adapter's encoder is now, if not at the run's ``model.name_or_path``;
     ``pipeline_kwargs`` go to ``transformers.pipeline`` (e.g. ``aggregation_strategy="first"``).
     """
     import mlflow
@@ -127,7 +138,12 @@ def load(model_uri: str, base: str | None = None, **pipeline_kwargs):
         if base is not None:
             model_cfg.name_or_path = base
         encoder = build(model_cfg, task.model_class, task.labels)
-        model = PeftModel.from_pretrained(encoder, str(path / "adapter"))
+        with warnings.catch_warnings():
+            # peft checks AdaLoRA's rank pattern as if LoRA's (it is applied all the same) and
+            # asks LN tuning's norms for a Linear's shape: neither is the user's to fix
+            warnings.filterwarnings("ignore", "The following rank_pattern keys did not match")
+            warnings.filterwarnings("ignore", "Unsupported layer type .*LayerNorm")
+            model = PeftModel.from_pretrained(encoder, str(path / "adapter"))
     else:
         from safetensors.torch import load_file
 
