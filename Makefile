@@ -33,7 +33,7 @@ $(LOCAL):
 	  printf '# @package _global_\n# This machine'"'"'s settings (git-ignored), written by make setup.\ndata:\n  root: $${oc.env:ABLATE_DATA_DIR,%s}\n' \
 	  "$(SHARED_DATA)" > $(LOCAL) && echo "wrote $(LOCAL): data.root=$(SHARED_DATA)"; fi
 
-setup: $(STAMP) $(LOCAL) ## create .venv, install ablate with its dev tools, and conf/local/ (data.root) when a data folder is beside the checkout
+setup: $(STAMP) $(LOCAL) ## create .venv (ablate, dev tools) and, when a data folder sits beside the checkout, conf/local/
 
 run: setup ## a real short training run (Naija, MiniLM, 300 sentences, 1 epoch), tracked in MLflow
 	$(PY) -m ablate.train experiment=smoke $(ARGS)
@@ -52,14 +52,14 @@ format: $(STAMP) ## apply ruff's fixes and formatting
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-sweep: $(STAMP) ## the earlier study's grid: 5 freeze options x naija,ewt (add ARGS="trainer.epochs=1 ...")
+sweep: $(STAMP) ## the earlier study's grid: 5 freeze options x naija,ewt
 	$(PY) -m ablate.train --multirun experiment=study $(ARGS)
 
 LR_FREEZE ?= none,lora,bitfit,llrd,gradual,embeddings
-lr-search: $(STAMP) ## a fair lr per freeze option: one Optuna study each, then the best-lr table (ARGS="hydra.sweeper.n_trials=8 ...")
+lr-search: $(STAMP) ## a fair lr per freeze option (one Optuna study each), then the best-lr table
 	$(PY) -m ablate.search freeze=$(LR_FREEZE) $(ARGS)
 
-bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio table in reports/bench/ and MLflow (ARGS="--epochs 1 ...")
+bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this CPU: reports/bench/ and MLflow
 	$(PY) benchmarks/bench.py --uri "$(TRACKING_URI)" $(ARGS)
 
 # The GPU bench (docs/speed.md). A lent GPU machine has no network: `make gpu-wheels` (here)
@@ -68,34 +68,34 @@ bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this machine: ratio 
 GPU_ASSETS ?= .gpu-bench
 GPU_PY = $(if $(wildcard $(STAMP)),$(PY),python3)
 
-gpu-wheels: $(STAMP) ## what make bench-gpu needs on a GPU machine without network, into .gpu-bench/
+gpu-wheels: $(STAMP) ## wheels, data and tokenizers for make bench-gpu on a GPU machine, into .gpu-bench/
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/gpu_assets.py fill $(GPU_ASSETS) $(ARGS)
 
-bench-gpu: ## ablate vs the plain recipe on this GPU, in 8 minutes: table in reports/bench-gpu/
+bench-gpu: ## ablate vs the plain recipe on a GPU in 8 minutes: reports/bench-gpu/
 	@if [ -d $(GPU_ASSETS)/wheels ]; then $(GPU_PY) benchmarks/gpu_assets.py install $(GPU_ASSETS); fi
 	PYTHONPATH=$(CURDIR)/src HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 $(GPU_PY) benchmarks/bench_gpu.py --assets $(GPU_ASSETS) --out "$${OUT:-reports/bench-gpu}" $(ARGS)
 
-report: $(STAMP) ## comparison report of the latest sweep with runs: charts, summary.md/.csv, runs.csv in reports/ (ARGS="--all", "--sweep DIR")
+report: $(STAMP) ## report of the latest sweep with runs into reports/ (ARGS="--all" or "--sweep DIR")
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
 
 # JupyterLab refuses to start as root (a container on a GPU server) without --allow-root.
-notebook: $(STAMP) ## the report inline: notebooks/compare.ipynb in JupyterLab (installs the notebook extra once)
+notebook: $(STAMP) ## the report inline in JupyterLab (notebooks/compare.ipynb)
 	@$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,notebook]'
 	$(VENV)/bin/jupyter lab notebooks/compare.ipynb --ip 127.0.0.1 --port $(NOTEBOOK_PORT) $(if $(filter 0,$(shell id -u)),--allow-root) $(ARGS)
 
-ui: $(STAMP) ## the MLflow UI on the same store, at http://127.0.0.1:$(PORT); prints each experiment's runs page
+ui: $(STAMP) ## the MLflow UI on the same store (PORT=5000); prints each experiment's runs page
 	$(PY) -m ablate.tracking.ui --uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
 
-server: $(STAMP) ## team MLflow server + UI with login, on PostgreSQL, at http://127.0.0.1:$(PORT) (HOST=0.0.0.0: the network; DB_URL=...)
+server: $(STAMP) ## team MLflow server with login, on PostgreSQL (HOST=0.0.0.0: the network; DB_URL=...)
 	$(PY) -m ablate.tracking.server start --host "$(or $(HOST),127.0.0.1)" --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)")
 
-server-stop: $(STAMP) ## stop the server and database that `make server` started (by pid)
+server-stop: $(STAMP) ## stop what make server started (by pid)
 	$(PY) -m ablate.tracking.server stop
 
-member: $(STAMP) ## add a server member or change its role: NAME=alice ROLE=reader|editor (EXPERIMENTS=a,b: only those)
+member: $(STAMP) ## add a server member or change its role: NAME=alice ROLE=reader|editor [EXPERIMENTS=a,b]
 	$(PY) -m ablate.tracking.server member "$(NAME)" $(if $(ROLE),--role "$(ROLE)") $(if $(EXPERIMENTS),--experiments "$(EXPERIMENTS)")
 
-password: $(STAMP) ## a new server password for NAME (a member, or admin), written to its file in .server/
+password: $(STAMP) ## a new password for NAME (a member, or admin), into .server/
 	$(PY) -m ablate.tracking.server password "$(NAME)"
 
 clean: ## remove run outputs and caches (keeps mlflow.db and .venv)

@@ -32,7 +32,7 @@ def refused(proc: subprocess.CompletedProcess) -> str:
         ("+trainer.lrr=1e-4", "'trainer.lr'", "Keys of trainer: epochs, lr, batch_size"),
         ("trainer.lrr=1e-4", "'trainer.lr'", "Keys of trainer: epochs, lr, batch_size"),
         ("traner.lr=1e-4", "'trainer.lr'", "Top-level keys and groups: data, experiment, freeze"),
-        ("freeze=alternatin", "'alternating'", "Available options in 'freeze': all, alt,"),
+        ("freeze=alternatin", "'alternating'", "Available options in 'freeze': adalora, all, alt,"),
     ],
 )
 def test_an_unknown_key_or_option_is_one_line_and_opens_nothing(tmp_path, override, meant, allowed):

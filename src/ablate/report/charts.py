@@ -29,9 +29,10 @@ STRATEGY_W = 0.62  # inches of panel width per strategy, so that their labels ne
 def palette(strategies) -> dict[str, str]:
     """A fixed colour per strategy (same in every chart and report); the baseline is black."""
     known = list(STRATEGY_ORDER[1:])
-    # tab10 without its grey (the colour of seed dots), plus tab20b's darks for the rest.
+    # tab10 without its grey (the colour of seed dots), plus tab20b's darks and mids for the rest.
     base = [c for i, c in enumerate(sns.color_palette("tab10").as_hex()) if i != 7]
-    base += ["#393b79", "#637939", "#8c6d31", "#7b4173"]
+    base += ["#393b79", "#637939", "#8c6d31", "#7b4173", "#843c39", "#5254a3", "#8ca252"]
+    base += ["#bd9e39", "#ad494a", "#a55194", "#6b6ecf"]
     extra = sorted(set(strategies) - set(STRATEGY_ORDER))
     more = sns.color_palette("husl", len(extra)).as_hex() if extra else []
     colours = {s: c for s, c in zip(known + extra, base + more, strict=True)}

@@ -30,7 +30,8 @@ BASELINE = "none"
 # Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
 STRATEGY_ORDER = (
     "none", "embeddings", "first2", "first4", "alt", "last2", "all", "features", "head_only",
-    "bitfit", "lora", "lora_qkv", "llrd", "gradual",
+    "bitfit", "ln_tuning", "ia3", "vera", "lora", "lora_qkv", "dora", "adalora", "loha", "lokr",
+    "llrd", "gradual",
 )  # fmt: skip
 _EXCLUDED_COLUMNS = ["run_name", "data", "model", "freeze", "seed", "status", "reason"]
 

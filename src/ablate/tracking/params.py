@@ -40,7 +40,8 @@ def selected(
     cfg: DictConfig, strategy_keys: Iterable[str], named: Iterable[str] = ()
 ) -> dict[str, Any]:
     """The params of a run of ``cfg``: ``strategy_keys`` are the ``freeze`` keys its strategy
-    reads, ``named`` the keys given on the command line (kept even at their default)."""
+    reads, ``named`` the keys given on the command line (a switch named there is kept even at
+    its default, and even when it changes no number)."""
     flat = flatten(OmegaConf.to_container(cfg, resolve=True))
     identity = config.flags("identity")
     switches = {s.key: s.default for s in registry.SWITCHES}
@@ -48,13 +49,13 @@ def selected(
     named = set(named)
     kept = {}
     for key, value in flat.items():
-        if key.startswith(PINS) or not identity.get(key, True):
+        if key in switches:
+            if value != switches[key] or key in named:
+                kept[key] = value
+        elif key.startswith(PINS) or not identity.get(key, True):
             continue
-        if key.startswith("freeze.") and key not in own:
-            continue
-        if key in switches and value == switches[key] and key not in named:
-            continue
-        kept[key] = value
+        elif not key.startswith("freeze.") or key in own:
+            kept[key] = value
     return kept
 
 
