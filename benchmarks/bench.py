@@ -439,27 +439,29 @@ def _bench(args, argv, configs: list[str], recipes: list[str], uri: str, out: Pa
     (out / "bench.json").write_text(
         json.dumps({"peak_flops": peak, "ratios": ratios, "jobs": jobs}, indent=1)
     )
-    import mlflow
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
 
-    experiment_id = prepare(uri, args.experiment)
-    mlflow.set_tracking_uri(uri)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"bench-{bench_id}"):
-        mlflow.log_params(
-            {
-                "data": args.data,
-                "model": args.model,
-                "train_sentences": args.train_sentences,
-                "dev_sentences": args.dev_sentences,
-                "epochs": args.epochs,
-                "repeats": args.repeats,
-                "configs": ",".join(configs),
-                "threads": threads,
-            }
-        )
-        mlflow.log_metrics({"matmul_peak_gflops": peak / 1e9, **ratios})
-        mlflow.set_tags({"bench.id": bench_id, "bench.role": "summary"})
-        mlflow.log_text(report, "bench.md")
-        mlflow.log_dict({"jobs": jobs}, "bench.json")
+    # a client, not mlflow's fluent API: its tracking URI would stay set for the whole process
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(prepare(uri, args.experiment), run_name=f"bench-{bench_id}")
+    run_id = run_id.info.run_id
+    params = {
+        "data": args.data, "model": args.model, "train_sentences": args.train_sentences,
+        "dev_sentences": args.dev_sentences, "epochs": args.epochs, "repeats": args.repeats,
+        "configs": ",".join(configs), "threads": threads,
+    }  # fmt: skip
+    now = int(time.time() * 1000)
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, v, now, 0) for k, v in
+                 {"matmul_peak_gflops": peak / 1e9, **ratios}.items()],
+        params=[Param(k, str(v)) for k, v in params.items()],
+        tags=[RunTag("bench.id", bench_id), RunTag("bench.role", "summary")],
+    )  # fmt: skip
+    client.log_text(run_id, report, "bench.md")
+    client.log_dict(run_id, {"jobs": jobs}, "bench.json")
+    client.set_terminated(run_id)
     print(report)
     log.info(
         "written %s; MLflow run bench-%s in %s (%s)",

@@ -71,14 +71,23 @@ def first_epoch_logged(uri: str, experiment: str) -> bool:
     return bool(runs) and "dev_accuracy" in runs[0].data.metrics
 
 
-def journal_has_pending(journal: Path) -> bool:
-    """The run recorded something the absent server has not received yet."""
-    lines = journal / "journal.jsonl"
-    if not lines.is_file():
+def journal_has_pending(journal: Path, for_s: float = 2.0) -> bool:
+    """The run recorded something the absent server has not received, and still has not
+    ``for_s`` later (a record between its write and its send, while the server still answers,
+    is pending for milliseconds)."""
+
+    def pending() -> bool:
+        lines = journal / "journal.jsonl"
+        if not lines.is_file():
+            return False
+        with lines.open() as f:
+            count = sum(1 for line in f if line.strip())
+        return count > int((journal / "sent").read_text() or 0)
+
+    if not pending():
         return False
-    with lines.open() as f:
-        count = sum(1 for line in f if line.strip())
-    return count > int((journal / "sent").read_text() or 0)
+    time.sleep(for_s)
+    return pending()
 
 
 def assert_complete(uri: str, experiment: str) -> None:

@@ -228,7 +228,11 @@ def accuracy_vs_params(report: Report):
             _baseline_line(ax, _base_value(s, report, "dev_mean_pct"), "")
             # named in a legend beside the plot: strategies with close counts and scores would
             # bury labels written next to their points under each other
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+            # in columns of at most 11, so that a long list does not reach the tick labels below
+            ax.legend(
+                fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0,
+                ncol=-(-len(s) // 11),
+            )  # fmt: skip
             spread = s.trainable_params_m.max() / max(s.trainable_params_m.min(), 1e-12)
             xlabel = "trainable parameters (M)"
             if spread > 20:  # LoRA-like strategies sit orders of magnitude below the others
