@@ -61,7 +61,7 @@ RECIPES: dict[str, list[str]] = {
     "bucket": ["trainer.length_grouping=bucket"],
     "bf16": ["trainer.bf16=true"],  # opt-in: bf16 autocast (CPUs with AVX-512 BF16 / AMX)
 }
-# Ratio targets of issue 6 (ablate / plain at most this), per config and row.
+# Ratio targets (ablate / plain at most this), per config and row: the goals docs/speed.md states.
 TARGETS = {("full", "train"): 0.4, ("first4", "train"): 0.2, ("full", "eval"): 0.33}
 ACC_TOLERANCE_PT = 0.2
 ACC_CONFIGS = ("full", "nodrop")  # configs whose dev accuracy the tolerance applies to
