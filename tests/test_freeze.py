@@ -60,7 +60,7 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("option", sorted(EXPECTED))
-def test_minilm_trainable_counts_are_exact(minilm, option):
+def test_minilm_trainable_counts_of_the_layer_options_are_exact(minilm, option):
     model, _ = minilm
     sizes = bert_sizes(model.config, len(UPOS))
     blocks, emb = EXPECTED[option]

@@ -80,7 +80,7 @@ def minilm():
 
 
 @pytest.mark.parametrize("option", ["none", "all", *NEW])
-def test_minilm_trainable_counts_are_exact(minilm, option):
+def test_minilm_trainable_counts_of_each_strategy_family_are_exact(minilm, option):
     cfg = compose_cfg(f"freeze={option}")
     model = build(cfg) if option == "lora" else minilm  # LoRA modifies the model it wraps
     applied = strategies.apply(model, cfg.freeze)
