@@ -54,9 +54,8 @@ def keep(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, record:
         path = Path(tmp) / NAME
         save(cfg, task, model, tokenizer, path)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
-        # Until ablate.tracking.Run has its Recorder.model, its journal takes the model
         record.model(str(path), NAME)
-    log.info("kept the final model (%.1f MB): runs:/<run id>/%s", size, NAME)
+    log.info("kept the final model (%.1f MiB): runs:/%s/%s", size, record.id, NAME)
 
 
 def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 class Recorder(Protocol):
     """A run's record: tags, metrics (``step`` = epoch for per-epoch ones) and artifacts."""
 
+    id: str  # the run's id (``runs:/<id>/...``)
     resumed: Any  # the earlier run this one continues (its tags name the checkpoint), or None
 
     def tags(self, tags: Mapping[str, Any]) -> None: ...
