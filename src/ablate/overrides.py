@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import os
 import re
-import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -221,38 +219,3 @@ def check(
             problems.append(_key_problem(o, repo))
     if found := [p for p in problems if p]:
         raise AblateError("; ".join(found))
-
-
-def before_hydra(argv: Sequence[str]) -> None:
-    """What ``python -m ablate.train ARGV`` does before Hydra: ``check`` its overrides (a bad one:
-    one line on stderr, exit status 2) and answer ``--help`` (``ablate.helptext``)."""
-    from hydra._internal.utils import get_args_parser
-
-    from ablate import helptext
-
-    helptext.register()  # the help template's resolver, for Hydra's own --help too
-    args, _ = get_args_parser().parse_known_args(list(argv))
-    if args.shell_completion or args.config_path:
-        return  # another primary config folder: Hydra's own checks
-    try:
-        check(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
-        if args.help and not (args.config_dir or args.config_name):
-            print(helptext.render(args.overrides))
-            raise SystemExit(0)
-    except AblateError as exc:
-        print(f"ablate: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def strict(app: Callable[..., Any]) -> Callable[..., Any]:
-    """``app`` (a ``hydra.main`` function) that runs ``before_hydra`` on its command line first,
-    before Hydra composes or a sweep opens its parent run. Called with a config, ``app`` runs as
-    is."""
-
-    @functools.wraps(app)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        if not args and not kwargs:
-            before_hydra(sys.argv[1:])
-        return app(*args, **kwargs)
-
-    return checked

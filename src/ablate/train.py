@@ -13,13 +13,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ablate import config, extensions, overrides
+from ablate import cli, config, extensions
 
 log = logging.getLogger("ablate")
 extensions.load()  # before Hydra composes: an extension's switches join the schema
 
 
-@overrides.strict  # a bad override: one line, exit 2, before Hydra composes or a sweep opens
+@cli.strict  # a bad override: one line, exit 2, before Hydra composes or a sweep opens
 @hydra.main(version_base="1.3", config_path=str(config.conf_dir()), config_name="train")
 def main(cfg: DictConfig) -> float:
     """Train and evaluate one configuration; returns the best dev score of the task's primary

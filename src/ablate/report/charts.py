@@ -17,8 +17,7 @@ import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
 from ablate.report.cell import unloaded
-from ablate.report.recipe import DEFAULTS
-from ablate.report.render import named
+from ablate.report.recipe import DEFAULTS, named
 from ablate.report.summary import STRATEGY_ORDER, Report
 
 BASELINE_COLOR = "#222222"

@@ -88,3 +88,23 @@ def describe(settings: dict[str, str], data: str, model: str, name_model: bool =
         short = key.split(".", 1)[-1]
         parts[key] = _WORDS[key](value) if key in _WORDS else f"{short}={value}"
     return ", ".join(parts.values()) or DEFAULTS
+
+
+def named(report, panel: str) -> tuple[str, str]:
+    """A panel's name and its settings in words (what differs from the defaults). The name is
+    its dataset (and model): the settings tell its groups of settings apart, unless two read
+    alike, where it keeps the group's key=value label."""
+    settings = dict(zip(report.summary.panel, report.summary.settings.fillna(""), strict=True))
+    groups = report.runs.drop_duplicates("panel").set_index("panel").group.fillna("")
+
+    def short(p: str) -> str:
+        return p.removesuffix(f" · {groups[p]}") if groups.get(p) else p
+
+    alike = [p for p in settings if (short(p), settings[p]) == (short(panel), settings[panel])]
+    return (short(panel) if len(alike) == 1 else panel), settings[panel]
+
+
+def heading(report, panel: str) -> str:
+    """A panel's heading: ``<dataset> — <its settings beyond the defaults>``."""
+    name, settings = named(report, panel)
+    return f"{name} — {settings}" if settings else name

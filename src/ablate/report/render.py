@@ -11,6 +11,7 @@ import pandas as pd
 
 from ablate.config import project_root
 from ablate.report.cell import LOADED, LR_FROM_STUDY
+from ablate.report.recipe import heading
 from ablate.report.stats import N_BOOT
 from ablate.report.summary import Report
 
@@ -88,26 +89,6 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(out)
-
-
-def named(report: Report, panel: str) -> tuple[str, str]:
-    """A panel's name and its settings in words (what differs from the defaults). The name is
-    its dataset (and model): the settings tell its groups of settings apart, unless two read
-    alike, where it keeps the group's key=value label."""
-    settings = dict(zip(report.summary.panel, report.summary.settings.fillna(""), strict=True))
-    groups = report.runs.drop_duplicates("panel").set_index("panel").group.fillna("")
-
-    def short(p: str) -> str:
-        return p.removesuffix(f" · {groups[p]}") if groups.get(p) else p
-
-    alike = [p for p in settings if (short(p), settings[p]) == (short(panel), settings[panel])]
-    return (short(panel) if len(alike) == 1 else panel), settings[panel]
-
-
-def heading(report: Report, panel: str) -> str:
-    """A panel's heading: ``<dataset> — <its settings beyond the defaults>``."""
-    name, settings = named(report, panel)
-    return f"{name} — {settings}" if settings else name
 
 
 def _md_table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.tracking.auth import as_user, new_password, read_credentials, write_credentials
-from ablate.tracking.server import CREDENTIALS, local_uri
+from ablate.tracking.serverfiles import CREDENTIALS, local_uri
 
 MEMBERS = "members"
 # role -> (its permission on each granted experiment, its permission on every run / model

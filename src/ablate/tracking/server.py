@@ -41,9 +41,8 @@ from ablate.tracking.auth import (
     write_private,
 )
 from ablate.tracking.postgres import client_env, start_postgres, stop_postgres
+from ablate.tracking.serverfiles import CREDENTIALS, STATE, local_uri
 
-STATE = "server.json"
-CREDENTIALS = "credentials"  # the admin's
 ADMIN = "admin"
 AUTH_CONFIG, AUTH_DB, SECRET = "basic_auth.ini", "basic_auth.db", "flask_secret"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -183,17 +182,6 @@ def _start_mlflow(
         with as_user(*read_credentials(folder / CREDENTIALS)):
             check_server(uri)
     return uri
-
-
-def local_uri(folder: Path) -> str:
-    """The address of the server recorded in ``folder``, from this machine."""
-    path = folder.resolve() / STATE
-    if not path.is_file():
-        raise AblateError(f"no server recorded in {folder}: start it first (make server)")
-    state = json.loads(path.read_text())
-    host = state.get("host", "127.0.0.1")
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "localhost") else host
-    return f"http://{f'[{host}]' if ':' in host else host}:{state['port']}"
 
 
 def _check_port_free(host: str, port: int) -> None:
