@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from ablate import config
 from ablate.config import project_root
 from ablate.errors import AblateError
-from ablate.tracking import procs
+from ablate.tracking import procs, ui
 from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
@@ -35,7 +35,6 @@ from ablate.tracking.params import flatten, selected
 from ablate.tracking.parent import REUSED, in_multirun, recorded, sweep_parent
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
-from ablate.tracking.ui import address
 
 log = logging.getLogger("ablate")
 # MLflow's system-metrics monitor announces every start and stop; its warnings still show.
@@ -143,8 +142,8 @@ def where_to_browse(uri: str, experiment_id: str, run_id: str) -> str:
     """How to see a run in MLflow's UI: its page on a tracking server, or ``make ui`` and the
     page it will be at."""
     if uri.startswith(("http://", "https://")):
-        return f"open {address(uri, experiment_id, run_id)}"
-    page = address("http://127.0.0.1:5000", experiment_id, run_id)  # make ui's default port
+        return f"open {ui.address(uri, experiment_id, run_id)}"
+    page = ui.address(f"http://{ui.HOST}:{ui.PORT}", experiment_id, run_id)
     return f"browse it with: make ui, then {page}"
 
 

@@ -14,6 +14,7 @@ import sys
 from ablate.config import default_tracking_uri
 
 TRAINING_VIEW = "workflowType=machine_learning"
+HOST, PORT = "127.0.0.1", "5000"  # make ui's (the Makefile's PORT)
 
 
 def address(base: str, experiment_id: str, run_id: str | None = None) -> str:
@@ -37,8 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     """Print where each experiment's runs are, then run ``mlflow ui`` in this process."""
     parser = argparse.ArgumentParser(prog="python -m ablate.tracking.ui", description=__doc__)
     parser.add_argument("--uri", default=default_tracking_uri(), help="the MLflow store")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", default="5000")
+    parser.add_argument("--host", default=HOST)
+    parser.add_argument("--port", default=PORT)
     args = parser.parse_args(argv)
     base = f"http://{args.host}:{args.port}"
     found = experiments(args.uri)
