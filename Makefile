@@ -71,7 +71,7 @@ GPU_PY = $(if $(wildcard $(STAMP)),$(PY),python3)
 gpu-wheels: $(STAMP) ## wheels, data and tokenizers for make bench-gpu on a GPU machine, into .gpu-bench/
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/gpu_assets.py fill $(GPU_ASSETS) $(ARGS)
 
-bench-gpu: ## ablate vs the plain recipe on a GPU in 8 minutes: reports/bench-gpu/
+bench-gpu: ## ablate vs the plain recipe on a GPU in 9 minutes: reports/bench-gpu/
 	@if [ -d $(GPU_ASSETS)/wheels ]; then $(GPU_PY) benchmarks/gpu_assets.py install $(GPU_ASSETS); fi
 	PYTHONPATH=$(CURDIR)/src HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 $(GPU_PY) benchmarks/bench_gpu.py --assets $(GPU_ASSETS) --out "$${OUT:-reports/bench-gpu}" $(ARGS)
 

@@ -11,6 +11,9 @@ machine's GPU, in one command that keeps to a time budget (``--budget-s``).
 2. **The grid.** The earlier study's 10 jobs (5 strategies x naija, ewt, 1 epoch, MiniLM's
    shape) as ablate runs them, ``python -m ablate.train --multirun`` with the joblib launcher's
    workers sharing the GPUs, against the plain recipe's, one job after another in one process.
+3. **The profile.** Per recipe and ``--profile-freeze`` strategy, ``torch.profiler`` over
+   ``--profile-steps`` optimizer steps (``gpu_profile.py``): per step, the host ops that launch
+   work, GPU kernels, GPU busy time and the optimizer's time, which say where a step's time goes.
 
 The table (markdown and JSON, with every job's numbers) and the phases' logs are written to
 ``--out`` after every phase, so a run cut by its budget keeps what it measured. ``--dry-run``
@@ -43,7 +46,8 @@ RECIPES = ("plain", "plain_bf16", "ablate")
 # --dry-run: CPU, tiny shapes of the same architectures, a few sentences
 DRY = {
     "train_sentences": 16, "dev_sentences": 16, "epochs": 2, "grid_freeze": "none,all",
-    "grid_train_sentences": 16, "grid_workers": 2, "budget_s": 300.0,
+    "grid_train_sentences": 16, "grid_workers": 2, "budget_s": 300.0, "profile_steps": 2,
+    "profile_skip": 1,
 }  # fmt: skip
 TINY = {
     "bert": {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
@@ -101,6 +105,12 @@ def init_models(args, names, shapes: Path, dest: Path) -> dict[str, str]:
     return folders
 
 
+def profile_sentences(args) -> int:
+    """Training sentences for one epoch that covers the profile's window (the recipe's batch
+    16), with two steps to spare."""
+    return 16 * (args.profile_skip + args.profile_steps + 2)
+
+
 def data_overrides(args, root: str, work: Path, datasets: list[str]) -> dict[str, list[str]]:
     """Per dataset, the overrides that select it: the pinned release under ``root``, or with
     ``--dev-sentences`` a slice of it (``data=ud``)."""
@@ -108,7 +118,7 @@ def data_overrides(args, root: str, work: Path, datasets: list[str]) -> dict[str
 
     if args.dev_sentences is None:
         return {d: [f"data={d}", f"data.root={root}"] for d in datasets}
-    most = max(args.train_sentences, args.grid_train_sentences)
+    most = max(args.train_sentences, args.grid_train_sentences, profile_sentences(args))
     sizes = {"train": most, "dev": args.dev_sentences, "test": args.dev_sentences}
     slices = work / "slices"
     return {
@@ -193,25 +203,35 @@ def commit(args) -> str:
         return f"{made} (as of make gpu-wheels; no git here)"
 
 
-def table_phase(args, state: dict, models: dict[str, str], data: dict[str, list[str]]) -> None:
+def table_phase(
+    args, state: dict, models: dict[str, str], data: dict[str, list[str]], kind: str = "table"
+) -> None:
     """One worker per recipe, each running every model and strategy (on the CPU, --dry-run: one
-    worker for all, plain first: no setting there is process-wide)."""
+    worker for all, plain first: no setting there is process-wide). ``kind="profile"``: the
+    profile's jobs, one epoch just long enough for its window of steps."""
     work = state["work"]
     groups = [[r] for r in state["recipes"]] if not args.dry_run else [state["recipes"]]
+    epochs, sentences, freezes, profile = args.epochs, args.train_sentences, args.freeze, None
+    if kind == "profile":
+        profile = [args.profile_skip, args.profile_steps]
+        epochs, freezes = 1, args.profile_freeze
+        sentences = profile_sentences(args)
     for recipes in groups:
         jobs = [
-            {"id": f"{model}/{freeze}", "recipe": recipe, "overrides": [
+            {"id": f"{model}/{freeze}", "recipe": recipe, "profile": profile, "overrides": [
                 *data["naija"], f"model={model}", f"model.name_or_path={models[model]}",
-                "model.pretrained=true", f"freeze={freeze}", f"trainer.epochs={args.epochs}",
-                f"data.max_train_sentences={args.train_sentences}", f"seed={args.seed}",
+                "model.pretrained=true", f"freeze={freeze}", f"trainer.epochs={epochs}",
+                f"data.max_train_sentences={sentences}", f"seed={args.seed}",
                 "trainer.checkpoints=false", "trainer.keep_model=false",
                 f"data.tokenized_cache_dir={work / 'tokenized'}",
                 *state["variants"].get(recipe, [])]}
-            for recipe in recipes for model in args.models for freeze in args.freeze
+            for recipe in recipes for model in args.models for freeze in freezes
         ]  # fmt: skip
-        name = f"table-{recipes[0]}" if len(recipes) == 1 else "table"
+        if not jobs:
+            continue
+        name = f"{kind}-{recipes[0]}" if len(recipes) == 1 else kind
         phase = worker(name, jobs, args, state)
-        state["phases"].update({f"table-{r}": phase for r in recipes})
+        state["phases"].update({f"{kind}-{r}": phase for r in recipes})
         gpu_table.write(args, state)
 
 
@@ -292,8 +312,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--grid-train-sentences", type=int, default=2000)
     add("--grid-workers", type=int, default=5, help="ablate's joblib workers (0: no grid)")
     add("--grid-plain", default="plain", choices=("plain", "plain_bf16"))
+    add("--profile-freeze", default="none,lora", help="the profile's strategies")
+    add("--profile-steps", type=int, default=20,
+        help="optimizer steps the profile reads, per job (0: no profile)")  # fmt: skip
+    add("--profile-skip", type=int, default=10, help="steps before the profile's window")
     add("--seed", type=int, default=42)
-    add("--budget-s", type=float, default=450.0, help="stop starting or continuing phases then")
+    add("--budget-s", type=float, default=540.0, help="stop starting or continuing phases then")
     add("--dry-run", action="store_true", help="CPU, tiny shapes, a few sentences")
     args = parser.parse_args(argv)
     if args.dry_run:
@@ -301,7 +325,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         for key, value in DRY.items():
             if key not in given:
                 setattr(args, key, value)
-    for key in ("models", "freeze", "recipes", "grid_freeze", "grid_data"):
+    for key in ("models", "freeze", "recipes", "grid_freeze", "grid_data", "profile_freeze"):
         setattr(args, key, [x.strip() for x in str(getattr(args, key)).split(",") if x.strip()])
     unknown = [r for r in args.recipes if r not in RECIPES]
     if unknown:
@@ -349,6 +373,8 @@ def _bench(args, argv, state: dict) -> int:
     table_phase(args, state, models, data)
     if args.grid_workers > 0:
         grid_phase(args, state, models["minilm"], data)
+    if args.profile_steps > 0:
+        table_phase(args, state, models, data, kind="profile")
     print(gpu_table.write(args, state))
     print(f"written {args.out / 'bench-gpu.md'} (and .json, .log)")
     failed = [name for name, p in state["phases"].items() if p.get("rc") not in (0, None)]

@@ -52,9 +52,21 @@ def _cell(value, fmt: str) -> str:
 
 
 HEAD = (
-    "| model | strategy | recipe | train s/epoch | × plain fp32 | eval s | peak GPU MiB "
-    "| tokens/s | dev acc (%) |\n|---|---|---|--:|--:|--:|--:|--:|--:|\n"
+    "| model | strategy | recipe | train s/epoch | × plain fp32 | × plain bf16 | eval s "
+    "| × plain bf16 eval | peak GPU MiB | tokens/s | dev acc (%) |\n"
+    "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n"
 )
+PROFILE_HEAD = (
+    "| model | strategy | recipe | step ms (profiled) | host ops per step | GPU kernels per step "
+    "| GPU busy ms per step | optimizer ms per step |\n|---|---|---|--:|--:|--:|--:|--:|\n"
+)
+
+
+def _ratio(row: dict, base, key: str) -> float | None:
+    """``row[key]`` over the same cell of ``base`` (a row of another recipe), where both exist."""
+    if isinstance(base, dict) and base.get(key):
+        return row[key] / base[key]
+    return None
 
 
 def table(rows: dict, models: list[str], freezes: list[str], recipes: list[str]) -> str:
@@ -63,25 +75,39 @@ def table(rows: dict, models: list[str], freezes: list[str], recipes: list[str])
     lines = [HEAD]
     for model in models:
         for freeze in freezes:
-            base = rows.get((model, freeze, "plain"))
+            fp32, bf16 = (rows.get((model, freeze, r)) for r in ("plain", "plain_bf16"))
             for i, recipe in enumerate(recipes):
                 row = rows.get((model, freeze, recipe), "not run")
                 label = [model if i == 0 else "", freeze if i == 0 else "", recipe_name(recipe)]
                 if isinstance(row, str):
-                    lines.append("| " + " | ".join([*label, row, *["—"] * 5]) + " |\n")
+                    lines.append("| " + " | ".join([*label, row, *["—"] * 7]) + " |\n")
                     continue
-                ratio = None
-                if isinstance(base, dict) and base["train_s"]:
-                    ratio = row["train_s"] / base["train_s"]
                 cells = [
                     _cell(row["train_s"], "{:.2f}"),
-                    _cell(ratio, "{:.2f}"),
+                    _cell(_ratio(row, fp32, "train_s"), "{:.2f}"),
+                    _cell(_ratio(row, bf16, "train_s"), "{:.2f}"),
                     _cell(row["eval_s"], "{:.2f}"),
+                    _cell(_ratio(row, bf16, "eval_s"), "{:.2f}"),
                     _cell(row["peak_gpu_mb"], "{:.0f}"),
                     _cell(row["tokens_per_s"], "{:.0f}"),
                     _cell(row["dev_acc"], "{:.2f}"),
                 ]
                 lines.append("| " + " | ".join([*label, *cells]) + " |\n")
+    return "".join(lines)
+
+
+def profile_table(jobs: list[dict]) -> str:
+    """The profile phase's jobs, one row each (``gpu_profile.summarise``'s numbers)."""
+    lines = [PROFILE_HEAD]
+    rank = {r: i for i, r in enumerate(RECIPE_NAMES)}
+    for job in sorted(jobs, key=lambda j: (j["job"], rank.get(j["recipe"], len(rank)))):
+        model, freeze = job["job"].split("/", 1)
+        p = job.get("profile") or {}
+        cells = [_cell(p.get(k), f) for k, f in (
+            ("step_ms", "{:.1f}"), ("ops_per_step", "{:.0f}"), ("kernels_per_step", "{:.0f}"),
+            ("gpu_busy_ms", "{:.2f}"), ("optimizer_ms", "{:.2f}"))]  # fmt: skip
+        label = [model, freeze, recipe_name(job["recipe"])]
+        lines.append("| " + " | ".join([*label, *cells]) + " |\n")
     return "".join(lines)
 
 
@@ -116,11 +142,7 @@ def describe(args, notes: dict, commit: str, cpus: int, argv: list[str]) -> dict
         "settings": (
             f"Table: {args.epochs} epoch(s) on the first {args.train_sentences} Naija training "
             f"sentences, {dev} dev sentences, the study's recipe (lr 5e-5, batch 16), seed "
-            f"{args.seed}{', tiny model shapes on the CPU (--dry-run)' if args.dry_run else ''}. "
-            "train s/epoch and tokens/s (non-pad training tokens per second) are the mean over "
-            "the epochs after the first, which pays the process's CUDA start-up; eval s is the "
-            "dev evaluation after those epochs; dev acc after the last epoch; × plain fp32 is "
-            "the train time's ratio."
+            f"{args.seed}{', tiny model shapes on the CPU (--dry-run)' if args.dry_run else ''}."
         ),
         "grid_settings": (
             f"Grid: {len(args.grid_freeze) * len(args.grid_data)} jobs "
@@ -128,6 +150,11 @@ def describe(args, notes: dict, commit: str, cpus: int, argv: list[str]) -> dict
             f"{args.grid_train_sentences} training sentences, MiniLM's shape; wall time from "
             "the command's start to its end (process start-up, tokenisation, training, "
             "evaluation, tracking)."
+        ),
+        "profile_settings": (
+            f"Profile: one epoch of {16 * (args.profile_skip + args.profile_steps + 2)} Naija "
+            f"training sentences under torch.profiler, which reads optimizer steps "
+            f"{args.profile_skip + 1} to {args.profile_skip + args.profile_steps}."
         ),
         "notes": [
             *(f"{m}: {notes[m]}" for m in args.models if m in notes),
@@ -141,20 +168,46 @@ def describe(args, notes: dict, commit: str, cpus: int, argv: list[str]) -> dict
     }
 
 
-def document(meta: dict, body: str, grid: str) -> str:
-    """The markdown the bench prints and writes: what ran where, the table, the grid, notes."""
+COLUMNS = (
+    "train s/epoch and tokens/s (non-pad training tokens per second) are the mean over the "
+    "epochs after the first, which pays the process's CUDA start-up; eval s is the dev "
+    "evaluation after those epochs; dev acc after the last epoch; × plain fp32 and × plain bf16 "
+    "are the train time's ratios to those recipes', × plain bf16 eval the evaluation time's."
+)
+PROFILE_COLUMNS = (
+    "Per step: its wall time under the profiler (which slows the host), the host ops that "
+    "launch work (aten leaf ops other than views), the GPU kernels and their busy time, and the "
+    "optimizer's host time."
+)
+
+
+def document(meta: dict, body: str, grid: str, profile: str = "") -> str:
+    """The markdown the bench prints and writes: what ran where, the table, the grid, the
+    profile (each where it ran), notes."""
     head = [
         f"GPU bench: {meta['device']}; {meta['date']}; commit {meta['commit']}.",
         f"Command: `{meta['command']}`",
-        "",
-        meta["settings"],
-        "",
-        body,
     ]
-    if grid:
-        head += ["", meta["grid_settings"], "", grid]
+    parts = [
+        (f"{meta['settings']} {COLUMNS}", body),
+        (meta["grid_settings"], grid),
+        (f"{meta.get('profile_settings')} {PROFILE_COLUMNS}", profile),
+    ]
+    for settings, part in parts:
+        if part:
+            head += ["", settings, "", part]
     head += ["", "Notes:", *[f"- {note}" for note in meta["notes"]]]
     return "\n".join(head).rstrip() + "\n"
+
+
+def render(saved: dict) -> str:
+    """The markdown of a run from its ``bench-gpu.json``: what ``write`` wrote beside it."""
+    rows = {(r["model"], r["freeze"], r["recipe"]): r.get("why", r) for r in saved["table"]}
+    order = [list(dict.fromkeys(key[i] for key in rows)) for i in range(3)]
+    body = table(rows, *order) if rows else ""
+    grid = grid_table(saved["grid"]) if saved["grid"] else ""
+    profile = profile_table(saved.get("profile") or [])
+    return document(saved["meta"], body, grid, profile if saved.get("profile") else "")
 
 
 def results(folder: Path) -> list[dict]:
@@ -165,8 +218,9 @@ def results(folder: Path) -> list[dict]:
 def write(args, state: dict) -> str:
     """Write bench-gpu.md, .json and .log to ``--out`` from what has run so far; returns the
     markdown."""
+    work = state["work"]
     rows, raw = {}, []
-    for folder in sorted(state["work"].glob("table*")):
+    for folder in sorted(work.glob("table*")):
         raw += results(folder) if folder.is_dir() else []
     got = {(r["job"], r["recipe"]): r for r in raw}
     for recipe in state["recipes"]:
@@ -179,21 +233,28 @@ def write(args, state: dict) -> str:
             for freeze in args.freeze:
                 job = got.get((f"{model}/{freeze}", recipe))
                 rows[(model, freeze, recipe)] = summarise(job) if job else missing
+    profile = [r for f in sorted(work.glob("profile*")) if f.is_dir() for r in results(f)]
     meta = state["meta"]
-    if raw:
-        meta["device"] = raw[0]["device"]
-    body = table(rows, args.models, args.freeze, state["recipes"])
-    grid = grid_table(state["grid"]) if state["grid"] else ""
-    text = document(meta, body, grid)
+    for job in [*raw, *profile, *results(work / "grid-plain")]:
+        meta["device"] = job["device"]
+        break
+    flat = [{"model": m, "freeze": f, "recipe": r, **(v if isinstance(v, dict) else {"why": v})}
+            for (m, f, r), v in rows.items()]  # fmt: skip
+    saved = {"meta": meta, "table": flat, "grid": state["grid"], "profile": profile,
+             "phases": state["phases"], "jobs": raw}  # fmt: skip
+    text = render(saved)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-gpu.md").write_text(text)
-    flat = [{"model": m, "freeze": f, "recipe": r, **(v if isinstance(v, dict) else {"why": v})}
-            for (m, f, r), v in rows.items()]  # fmt: skip
-    (out / "bench-gpu.json").write_text(json.dumps(
-        {"meta": meta, "table": flat, "grid": state["grid"], "phases": state["phases"],
-         "jobs": raw}, indent=1, default=str))  # fmt: skip
+    (out / "bench-gpu.json").write_text(json.dumps(saved, indent=1, default=str))
     with open(out / "bench-gpu.log", "w") as log:
         for name, path in state["logs"].items():
             log.write(f"===== {name}\n{path.read_text(errors='replace')[-200_000:]}\n")
     return text
+
+
+if __name__ == "__main__":  # python benchmarks/gpu_table.py RUN.json: its markdown again
+    import sys
+
+    for path in sys.argv[1:]:
+        print(render(json.loads(Path(path).read_text())))

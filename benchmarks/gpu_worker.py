@@ -63,10 +63,12 @@ class MemoryRecord:
 KEPT = ("epoch_time_s", "dev_eval_time_s", "dev_accuracy", "train_tokens", "padding_pct")
 
 
-def run_one(recipe: str, cfg, scratch: Path) -> dict:
+def run_one(recipe: str, cfg, scratch: Path, profile: list[int] | None = None) -> dict:
     """One job of ``recipe`` (plain, plain_bf16, or ablate with overrides) on ``cfg``: its
-    per-epoch numbers, peak GPU memory and wall time."""
+    per-epoch numbers, peak GPU memory and wall time; with ``profile`` (skip, active), also the
+    per-step profile of that window of optimizer steps (its times then pay the profiler's cost)."""
     import torch
+    from gpu_profile import profiled
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -74,20 +76,23 @@ def run_one(recipe: str, cfg, scratch: Path) -> dict:
         torch.cuda.reset_peak_memory_stats()
     record = MemoryRecord()
     t0 = time.perf_counter()
-    if recipe.startswith("plain"):
-        out = tempfile.mkdtemp(prefix="plain-", dir=scratch)
-        plain_fit(cfg, record, out, bf16=recipe == "plain_bf16", measure_flops=False)
-    else:
-        from ablate.training.fit import fit
-        from ablate.training.prepare import prepare
 
-        prepared = prepare(cfg)
-        fit(cfg, prepared, record)
-        del prepared
+    def train() -> None:
+        if recipe.startswith("plain"):
+            out = tempfile.mkdtemp(prefix="plain-", dir=scratch)
+            plain_fit(cfg, record, out, bf16=recipe == "plain_bf16", measure_flops=False)
+        else:
+            from ablate.training.fit import fit
+            from ablate.training.prepare import prepare
+
+            fit(cfg, prepare(cfg), record)
+
+    steps = profiled(train, *profile) if profile else train()
     if cuda:
         torch.cuda.synchronize()
     result = {key: record.history.get(key, []) for key in KEPT}
     result["wall_s"] = time.perf_counter() - t0
+    result["profile"] = steps
     result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
     import transformers
 
@@ -110,7 +115,7 @@ def main(spec_path: str) -> int:
             from ablate.training.resources import set_wait_policy
 
             set_wait_policy(cfg)  # as ablate.train does, before torch loads OpenMP
-        result = run_one(recipe, cfg, results)
+        result = run_one(recipe, cfg, results, job.get("profile"))
         result.update(job=job["id"], recipe=recipe, overrides=job["overrides"])
         (results / f"{recipe}--{job['id'].replace('/', '--')}.json").write_text(json.dumps(result))
         epochs = [round(x, 2) for x in result["epoch_time_s"]]

@@ -52,6 +52,34 @@ def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkey
     assert "WordPiece of" in text  # the multilingual shape's tokenizer, said in the notes
     log = (out / "bench-gpu.log").read_text()
     assert "===== table" in log and "===== grid-ablate" in log and "Sweep FINISHED" in log
+    # the profile: every recipe, the profile's strategies, its window of steps read
+    profiled = {(j["job"], j["recipe"]): j["profile"] for j in logged["profile"]}
+    assert set(profiled) == {(f"{m}/{f}", r) for m in models for f in ("none", "lora")
+                             for r in bench_gpu.RECIPES}  # fmt: skip
+    for numbers in profiled.values():
+        assert numbers["steps"] == 2 and numbers["step_ms"] > 0 and numbers["ops_per_step"] > 50
+        assert numbers["kernels_per_step"] is None  # the CPU: no kernels to count
+    frozen, full = profiled[("minilm/lora", "plain")], profiled[("minilm/none", "plain")]
+    assert frozen["ops_per_step"] < full["ops_per_step"]  # LoRA's frozen weights get no update
+    assert "| minilm | none | plain fp32 |" in text.split("Profile:")[1]
+    assert gpu_table.render(logged) == text  # the saved JSON renders the same document
+
+
+MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "measured"
+
+
+def test_the_gpu_tables_in_the_docs_are_the_measured_runs_rendered():
+    speed = (MEASURED.parents[1] / "docs" / "speed.md").read_text(encoding="utf-8")
+    runs = sorted(MEASURED.glob("*.json"))
+    assert any(p.name.startswith("gpu-") for p in runs), "no measured GPU run is kept"
+    for path in runs:
+        saved = json.loads(path.read_text())
+        assert saved["meta"]["device"].startswith("NVIDIA" if path.name.startswith("gpu-") else "")
+        rendered = gpu_table.render(saved)
+        tables = [b for b in rendered.split("\n\n") if b.startswith("| ")]
+        assert tables
+        for block in tables:  # each table of the run, as the tool renders it
+            assert block.strip() in speed, f"docs/speed.md lacks {path.name}'s table"
 
 
 def test_table_reads_the_epochs_after_the_first_and_says_why_a_job_has_none():
@@ -66,9 +94,12 @@ def test_table_reads_the_epochs_after_the_first_and_says_why_a_job_has_none():
     rows = {("m", "none", "plain"): plain, ("m", "none", "ablate"): faster,
             ("m", "none", "plain_bf16"): "cut at the budget"}  # fmt: skip
     text = gpu_table.table(rows, ["m"], ["none"], ["plain", "plain_bf16", "ablate"])
-    assert "| m | none | plain fp32 | 3.00 | 1.00 | 0.60 | 1234 | 500 | 70.00 |" in text
+    assert "| m | none | plain fp32 | 3.00 | 1.00 | — | 0.60 | — | 1234 | 500 | 70.00 |" in text
     assert "|  |  | plain bf16 (`bf16=True`) | cut at the budget | — |" in text
-    assert "|  |  | ablate (its defaults) | 1.50 | 0.50 |" in text
+    assert "|  |  | ablate (its defaults) | 1.50 | 0.50 | — |" in text
+    rows[("m", "none", "plain_bf16")] = gpu_table.summarise({**job, "epoch_time_s": [9.0, 6.0]})
+    text = gpu_table.table(rows, ["m"], ["none"], ["plain", "plain_bf16", "ablate"])
+    assert "|  |  | ablate (its defaults) | 1.50 | 0.50 | 0.25 | 0.60 | 1.00 |" in text
     grid = {
         "ablate": {"how": "a", "jobs": 10, "finished": 10, "wall_s": 50.0, "cut": False},
         "plain": {"how": "p", "jobs": 10, "finished": 7, "wall_s": 90.0, "cut": True},
