@@ -66,9 +66,9 @@ def plain_fit(cfg, run, output_dir: str, bf16: bool = False, measure_flops: bool
     from ablate import strategies, tasks
     from ablate.data.files import locate
     from ablate.models.build import build, load_tokenizer
-    from ablate.speed.meter import CountingCollator, SpeedMeter
     from ablate.tasks.metrics import accuracy, scored
     from ablate.training.callbacks import EpochLogger
+    from ablate.training.meter import CountingCollator, SpeedMeter
     from ablate.training.resources import peak_rss_mb, torch_threads
 
     torch.set_num_threads(torch_threads(cfg))

@@ -147,15 +147,17 @@ def run_info(store: str, run_id: str) -> dict:
 
 
 def run_cli(
-    *args: str, cwd: Path = ROOT, timeout: int = 600, prefix: Sequence[str] = ()
-) -> subprocess.CompletedProcess:
-    """``python -m ablate.train ARGS`` in a real subprocess (``prefix``: a command it runs
-    under, e.g. ``taskset -c 0``)."""
+    *args: str, cwd: Path = ROOT, timeout: int = 600, prefix: Sequence[str] = (),
+    module: str = "ablate.train", env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:  # fmt: skip
+    """``python -m ablate.train ARGS`` (or ``module``) in a real subprocess (``prefix``: a
+    command it runs under, e.g. ``taskset -c 0``; ``env``: variables added)."""
     # one system-metrics sample a second: the tests' runs last seconds, not the default 10
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",
+           **(env or {})}  # fmt: skip
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run(
-        [*prefix, sys.executable, "-m", "ablate.train", *args],
+        [*prefix, sys.executable, "-m", module, *args],
         cwd=cwd,
         env=env,
         capture_output=True,

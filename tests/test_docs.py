@@ -30,14 +30,13 @@ def test_the_readme_shows_the_two_commands_and_the_strategies_and_stays_short():
 
 
 def test_the_config_reference_lists_every_key_and_switch():
-    from ablate import config
-    from ablate.speed import registry
+    from ablate import config, switches
 
     text = (project_root() / "docs" / "config.md").read_text(encoding="utf-8")
     for dotted, _ in config.schema_keys():
         assert f"| `{dotted}` |" in text, dotted
     speed = (project_root() / "docs" / "speed.md").read_text(encoding="utf-8")
-    for switch in registry.SWITCHES:
+    for switch in switches.SWITCHES:
         assert f"| `{switch.key}` |" in speed, switch.key
 
 

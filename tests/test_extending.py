@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
 from conftest import ROOT, logged_runs, run_cli, run_info, slice_overrides
 
@@ -50,3 +52,43 @@ def test_the_extending_examples_register_a_task_a_strategy_and_a_switch_and_run(
     # without the folder, the new keys are unknown: a composition error naming the key
     plain = run_cli(*slice_overrides(slice_root, store, tmp_path), "trainer.flush_denormal=true")
     assert plain.returncode != 0 and "flush_denormal" in plain.stderr
+
+
+def without(conf: Path, keys: set[str]) -> None:
+    """Delete the lines of ``keys`` (``group.name``) from every option file under ``conf``, and a
+    group line left with nothing under it."""
+    names = {k.split(".", 1)[1] for k in keys}
+    for path in conf.rglob("*.yaml"):
+        kept = [ln for ln in path.read_text().splitlines()
+                if ln.split(":")[0].strip() not in names]  # fmt: skip
+        emptied = {i for i, ln in enumerate(kept) if re.fullmatch(r"\w+:", ln)
+                   and (i + 1 == len(kept) or not kept[i + 1].startswith(" "))}  # fmt: skip
+        path.write_text("".join(f"{ln}\n" for i, ln in enumerate(kept) if i not in emptied))
+
+
+def test_without_the_speed_folder_and_its_keys_runs_train_track_and_report(slice_root, tmp_path):
+    from ablate.speed.registry import SPEED
+
+    shutil.copytree(ROOT / "src" / "ablate", tmp_path / "src" / "ablate",
+                    ignore=shutil.ignore_patterns("speed", "__pycache__"))  # fmt: skip
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    without(tmp_path / "conf", {s.key for s in SPEED})
+    assert "length_grouping" not in (tmp_path / "conf" / "trainer" / "default.yaml").read_text()
+    env = {"PYTHONPATH": str(tmp_path / "src")}
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli(*slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
+                   "freeze=first2", cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = logged_runs(store)
+    assert run.info.status == "FINISHED" and 0 <= run.data.metrics["dev_accuracy"] <= 1
+    assert run.data.metrics["train_flops"] > 0  # the meter is training's own
+    assert run_info(store, run.info.run_id).get("speed", {}) == {}  # no plugin ran
+    assert not any(k.startswith("trainer.length_grouping") for k in run.data.params)
+    # a speed switch is then no key at all, and the report reads the run
+    gone = run_cli(*slice_overrides(slice_root, store, tmp_path), "trainer.length_grouping=off",
+                   cwd=tmp_path, env=env)  # fmt: skip
+    assert gone.returncode != 0 and "length_grouping" in gone.stderr
+    report = run_cli("--uri", store, "--out", str(tmp_path / "report"), "--all",
+                     module="ablate.report", cwd=tmp_path, env=env)  # fmt: skip
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "first2" in (tmp_path / "report" / "summary.md").read_text()

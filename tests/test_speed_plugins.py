@@ -18,14 +18,14 @@ from omegaconf import OmegaConf
 from speed_helpers import LABEL2ID, NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
-from ablate import config
+from ablate import config, plugin, switches
 from ablate.data.dataset import encode_splits
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import load_tokenizer
-from ablate.speed import dropout, embedding_rows, plugins, precision, registry
+from ablate.plugin import Context
+from ablate.speed import dropout, embedding_rows, precision
 from ablate.speed.grouping import packing_unsupported
-from ablate.speed.plugin import Context
 from ablate.tracking.identity import identity
 from ablate.training.trainer import CoreTrainer
 
@@ -43,25 +43,26 @@ def sentences(slice_root):
 
 
 def test_every_switch_is_declared_once_claimed_by_one_plugin_and_in_the_schema():
-    claimed = [key for p in plugins.default_plugins() for key in p.switches]
+    claimed = [key for p in plugin.active() for key in p.switches]
     assert len(claimed) == len(set(claimed))
-    data_stage = {s.key for s in registry.SWITCHES if s.plugin == "tokenized_cache"}
-    assert sorted([*claimed, *data_stage]) == sorted(s.key for s in registry.SWITCHES)
-    for plugin in plugins.default_plugins():
-        assert {registry.BY_KEY[key].plugin for key in plugin.switches} <= {plugin.name}
+    core = {s.key for s in switches.SWITCHES if s.plugin == switches.CORE}
+    assert core == {"trainer.measure_flops", "data.tokenized_cache", "data.tokenized_cache_dir"}
+    assert sorted([*claimed, *core]) == sorted(s.key for s in switches.SWITCHES)
+    for each in plugin.active():
+        assert {switches.BY_KEY[key].plugin for key in each.switches} <= {each.name}
     cfg = compose_cfg()
-    for s in registry.SWITCHES:
-        assert s.results in registry.RESULTS, s.key
-        assert set(s.devices) == set(registry.DEVICES), s.key
+    for s in switches.SWITCHES:
+        assert s.results in switches.RESULTS, s.key
+        assert set(s.devices) == set(switches.DEVICES), s.key
         assert OmegaConf.select(cfg, s.key) == s.default, s.key  # the schema's default
         assert config.flags("identity")[s.key] == s.in_identity
-        assert config.flags("setting")[s.key] == (s.results == registry.CHANGES)
+        assert config.flags("setting")[s.key] == (s.results == switches.CHANGES)
     # the per-device defaults are what the plugins do
     gpu = precision.arguments(cfg.trainer, cuda=True, bf16_ok=True, tf32_ok=True)
     cpu = precision.arguments(cfg.trainer, cuda=False, bf16_ok=True, tf32_ok=False)
     for key, kwarg in (("trainer.bf16", "bf16"), ("trainer.pin_memory", "dataloader_pin_memory")):
-        assert gpu[kwarg] is registry.BY_KEY[key].devices["cuda"]
-        assert cpu[kwarg] is registry.BY_KEY[key].devices["cpu"]
+        assert gpu[kwarg] is switches.BY_KEY[key].devices["cuda"]
+        assert cpu[kwarg] is switches.BY_KEY[key].devices["cpu"]
 
 
 def test_identity_leaves_out_identical_switches_and_new_keys_at_their_default():
@@ -72,10 +73,10 @@ def test_identity_leaves_out_identical_switches_and_new_keys_at_their_default():
     assert identity(base) != identity(compose("trainer.cache_frozen=true"))
     assert identity(base) != identity(compose("trainer.fused_adamw=false"))  # other bits
     # a key added later counts only when set away from its default
-    added = [s.key for s in registry.SWITCHES if s.added]
+    added = [s.key for s in switches.SWITCHES if s.added]
     assert added
     for key in added:
-        value = registry.BY_KEY[key].default
+        value = switches.BY_KEY[key].default
         assert identity(base) != identity(compose(f"{key}={str(not value).lower()}"))
 
 
@@ -353,7 +354,7 @@ def test_gpu_and_cpu_training_arguments():
 
 def test_every_switch_off_is_the_stock_trainer_with_the_core_behaviour(tmp_path, features):
     tokenizer = load_tokenizer(compose().model)
-    off = [f"{s.key}={'off' if s.choices else 'false'}" for s in registry.SWITCHES
+    off = [f"{s.key}={'off' if s.choices else 'false'}" for s in switches.SWITCHES
            if s.group == "trainer"]  # fmt: skip
     model = build()[0].model
     trainer = make_trainer(tmp_path, model, features["train"], features["dev"], tokenizer, *off)

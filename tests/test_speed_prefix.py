@@ -18,9 +18,9 @@ from ablate.data.encode import IGNORE
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build as build_model
+from ablate.plugin import Context
 from ablate.speed import prefix
 from ablate.speed.cache_frozen import CacheFrozen, StackIndices
-from ablate.speed.plugin import Context
 from ablate.speed.precision import cpu_bf16
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, logged_runs, run_cli, slice_overrides
 
-from ablate import config, helptext, overrides, search
+from ablate import config, helptext, overrides, search, switches
 from ablate.errors import AblateError
-from ablate.speed import registry
 
 
 def refused(proc: subprocess.CompletedProcess) -> str:
@@ -115,11 +114,11 @@ def test_options_and_keys_of_a_search_path_and_an_extension(tmp_path):
 
 
 # An extension's switch (docs/extending.md), without its plugin's code, which imports torch
-EXTENSION = """from ablate.speed import registry
+EXTENSION = """from ablate import switches
 
-registry.register(
-    registry.Switch("trainer.flush_denormal", bool, False, {"cpu": False, "cuda": False},
-                    registry.SAME_MATH, "flush denormal floats to zero", plugin="flush_denormal")
+switches.register(
+    switches.Switch("trainer.flush_denormal", bool, False, {"cpu": False, "cuda": False},
+                    switches.SAME_MATH, "flush denormal floats to zero", plugin="flush_denormal")
 )
 """
 
@@ -171,7 +170,7 @@ def test_help_lists_every_group_option_and_key_with_its_doc(help_text):
     assert "  * none" in help_text and "  * naija" in help_text  # the composed choices
     assert "$MLFLOW_TRACKING_URI if set" in help_text  # a `$` survives Hydra's template
     for key, f in config.schema_keys():
-        if key in registry.BY_KEY:
+        if key in switches.BY_KEY:
             assert f"{key}=" in help_text
         else:
             assert f"\n  {key}=" in help_text

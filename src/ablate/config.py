@@ -4,8 +4,9 @@ The schemas are registered in Hydra's ConfigStore as ``ablate_schema``; ``conf/t
 first in its defaults, so every group option is merged onto a typed node and a misspelt key or a
 wrong type fails at composition, before any work starts. Every key carries its one-line doc and
 the flags the rest of the code derives from (``key``): whether it is part of a run's identity,
-and whether runs that differ in it are different settings. The speed switches are added from
-their registry (``ablate.speed.registry``), so no list of them is kept anywhere else.
+and whether runs that differ in it are different settings. The switches are added from their
+declarations (``ablate.switches``: the core's, then those of ``ablate.speed`` and extensions,
+loaded first by ``register``), so no list of them is kept anywhere else.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ablate.speed import registry
+from ablate import extensions, switches
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Tags of a run trained at the lr its strategy's study picked (``lr_study``): that trial's id,
@@ -269,14 +270,14 @@ class LrStudyConfig:
 
 
 def _with_switches(name: str, core: type, group: str) -> type:
-    """``core`` plus a field per speed switch of ``group`` (``ablate.speed.registry``)."""
+    """``core`` plus a field per switch of ``group`` (``ablate.switches``)."""
     fields = [
         (
             s.name,
             s.type,
             key(s.default, s.doc, identity=s.in_identity, setting=not s.comparable, added=s.added),
         )
-        for s in registry.in_group(group)
+        for s in switches.in_group(group)
     ]
     made = make_dataclass(name, fields, bases=(core,))
     made.__module__ = __name__  # pickled by reference (a parallel launcher's workers)
@@ -336,9 +337,10 @@ def flags(name: str) -> dict[str, Any]:
 
 
 def register() -> None:
-    """Register resolvers and the schema, built from the speed registry as it stands (an
-    extension's switches join it); safe to call more than once."""
+    """Load the extensions not loaded yet (``ablate.extensions``), then register resolvers and
+    the schema with every switch declared so far; safe to call more than once."""
     global DataConfig, TrainerConfig, TrainConfig
+    extensions.load()
     _register_resolvers()
     DataConfig = _with_switches("DataConfig", DataCore, "data")
     TrainerConfig = _with_switches("TrainerConfig", TrainerCore, "trainer")

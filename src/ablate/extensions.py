@@ -1,38 +1,40 @@
-"""Extensions: every module of the ``ablate_plugins`` namespace package is imported when ablate
-starts, as Hydra imports ``hydra_plugins``. A module there registers tasks
-(``ablate.tasks.register``), strategies (``ablate.strategies.register``) and speed plugins with
-their switches (``ablate.speed.plugins.register``, ``ablate.speed.registry.register``); the config
-schema then holds the new switches. docs/extending.md has a worked example of each.
+"""Extensions: the optional parts of ablate itself (``BUILTIN``: the speed plugins), then every
+module of the ``ablate_plugins`` namespace package, imported when the config schema is built
+(``ablate.config.register``), as Hydra imports ``hydra_plugins``. A module there registers tasks
+(``ablate.tasks.register``), strategies (``ablate.strategies.register``), plugins
+(``ablate.plugin.register``) and their switches (``ablate.switches.register``); the schema then
+holds the new switches. docs/extending.md has a worked example of each.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import pkgutil
 
 log = logging.getLogger(__name__)
 NAMESPACE = "ablate_plugins"
+BUILTIN = ("ablate.speed",)  # a part that may be deleted: loaded where it is there
 _loaded: set[str] = set()
 
 
 def load() -> list[str]:
-    """Import every ``ablate_plugins.*`` module not imported yet (on ``sys.path``: installed, or
-    a folder on PYTHONPATH), then register the schema again so their switches join it. Returns
-    the modules imported by this call."""
+    """Import each ``BUILTIN`` part that is there and every ``ablate_plugins.*`` module (on
+    ``sys.path``: installed, or a folder on PYTHONPATH) not imported yet. Returns the modules
+    imported by this call."""
+    names = [name for name in BUILTIN if importlib.util.find_spec(name) is not None]
     try:
         namespace = importlib.import_module(NAMESPACE)
+        names += [info.name for info in pkgutil.iter_modules(namespace.__path__, f"{NAMESPACE}.")]
     except ModuleNotFoundError:
-        return []
+        pass
     new = []
-    for info in pkgutil.iter_modules(namespace.__path__, f"{NAMESPACE}."):
-        if info.name not in _loaded:
-            importlib.import_module(info.name)
-            _loaded.add(info.name)
-            new.append(info.name)
+    for name in names:
+        if name not in _loaded:
+            importlib.import_module(name)
+            _loaded.add(name)
+            new.append(name)
     if new:
-        from ablate import config
-
-        config.register()
         log.debug("extensions: %s", ", ".join(new))
     return new

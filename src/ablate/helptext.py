@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from ablate import config
 from ablate.errors import AblateError
 from ablate.overrides import Repository, schema_keys
-from ablate.speed import registry
+from ablate.switches import BY_KEY
 
 WIDTH = 100
 # conf/local/ is this machine's; hydra's own groups: only those a user picks
@@ -119,13 +119,13 @@ def keys(root: DictConfig) -> str:
     tree = OmegaConf.to_container(root, resolve=False)
     assert isinstance(tree, dict)
     fields = schema_keys()
-    plain = [k for k in fields if k not in registry.BY_KEY]
+    plain = [k for k in fields if k not in BY_KEY]
     column = 38
     lines = []
     for key in plain:
         head = f"  {key}={shown(_value(tree, key))}"
         lines += _lines(head, fields[key].metadata.get("doc", ""), column)
-    switches = ", ".join(f"{k}={shown(_value(tree, k))}" for k in fields if k in registry.BY_KEY)
+    switches = ", ".join(f"{k}={shown(_value(tree, k))}" for k in fields if k in BY_KEY)
     lines.append("Speed switches (what each does: docs/speed.md):")
     lines += textwrap.wrap(switches, WIDTH, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import HydraException
 
-from ablate import config, extensions
+from ablate import config
 from ablate.errors import AblateError
 
 CONFIG_NAME = "train"
@@ -205,7 +205,7 @@ def check(
 
     An override Hydra cannot parse, or a search path it refuses, is left to Hydra's own message.
     """
-    extensions.load()  # an extension's switches are keys of the schema
+    config.register()  # an extension's switches are keys of the schema
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
         repo = Repository.for_command_line(overrides, config_dir, config_name)

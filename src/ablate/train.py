@@ -1,6 +1,6 @@
 """``python -m ablate.train [--multirun] key=value ...``: one Hydra job = one MLflow run.
 
-Only Hydra, the config schema and the extensions (``ablate_plugins``) are imported up front, so
+Only Hydra, the config schema and the extensions (``ablate.extensions``) are imported up front, so
 ``--help`` and configuration errors answer at once; the training stack is imported when a job
 runs.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ablate import cli, config, extensions
+from ablate import cli, config
 
 log = logging.getLogger("ablate")
-extensions.load()  # before Hydra composes: an extension's switches join the schema
+config.register()  # before Hydra composes: an extension added since joins the schema
 
 
 @cli.strict  # a bad override: one line, exit 2, before Hydra composes or a sweep opens

@@ -3,7 +3,7 @@ baseline, and every run left out with the reason (``build``).
 
 Runs are compared only under equal settings: every param but the seed and the keys the schema
 marks as not a setting (``ablate.config.key``: paths, thread counts, speed switches that change no
-result beyond seed noise, from ``ablate.speed.registry``).
+result beyond seed noise, from ``ablate.switches``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import torch
 from transformers import TrainerCallback
 
 from ablate.errors import AblateError
-from ablate.speed.plugin import Context, Plugin, off_or
+from ablate.plugin import Context, Plugin, off_or
 from ablate.speed.prefix import PrefixCached, PrefixStore, check, compute, frozen_prefix
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ def _eval_store(ctx: Context, model, k: int, why, dev, pad_id: int):
 class CacheFrozen(Plugin):
     name = "cache_frozen"
     switches = ("trainer.cache_frozen", "trainer.cache_frozen_eval")
+    provides = ("model.per_token_inputs", "model.first_trained_block")  # PrefixCached's
 
     def prepare(self, ctx: Context) -> dict[str, str]:
         model = ctx.model

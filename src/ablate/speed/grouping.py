@@ -22,9 +22,9 @@ from transformers.trainer_utils import has_length
 
 from ablate.data.encode import IGNORE
 from ablate.models import anatomy
+from ablate.plugin import Context, Plugin
 from ablate.speed import batching
 from ablate.speed.dropout import ATTENTION
-from ablate.speed.plugin import Context, Plugin
 from ablate.speed.precision import bf16_on_cpu
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,7 @@ class GroupingMixin:
 class LengthGrouping(Plugin):
     name = "length_grouping"
     switches = ("trainer.length_grouping", "trainer.round_shapes")
+    uses = ("model.per_token_inputs", "model.first_trained_block", "collator.stats")
 
     def arguments(self, ctx: Context) -> dict[str, Any]:
         # The stock Trainer also sorts dev/test into length groups under group_by_length; the

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ablate.errors import AblateError
-from ablate.speed.plugin import Context, Plugin
+from ablate.plugin import Context, Plugin
 
 
 def cpu_bf16() -> bool:

@@ -1,73 +1,12 @@
-"""Every speed switch, declared once: its config key, default (per device), and what it does to
-results.
-
-The config schema (``ablate.config``), a run's identity (``ablate.tracking.identity``), the
-report's comparability (``ablate.report.summary``) and the config reference (``docs/config.md``)
-are all derived from ``SWITCHES``; the plugin that implements a switch is named by ``plugin``
-(``ablate.speed.plugins``). Pure data: importing it loads nothing heavy.
-"""
+"""The speed switches, declared once each (``ablate.switches``): what the speed plugins
+implement, with each one's default per device and what it does to results. Importing this module
+declares them. Pure data: it loads nothing heavy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from ablate.switches import CHANGES, IDENTICAL, SAME_MATH, Switch, register
 
-# What a switch does to a run's numbers.
-IDENTICAL = "identical"  # the same numbers to the last digit (tested); not part of a run's identity
-SAME_MATH = "same math"  # the same computation up to float rounding or other draws of the same
-# random masks (seed noise): part of the identity, yet runs differing in it are comparable
-CHANGES = "changes"  # another computation: runs differing in it are different settings
-RESULTS = (IDENTICAL, SAME_MATH, CHANGES)
-DEVICES = ("cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class Switch:
-    """One speed switch.
-
-    ``default`` is the config value; ``None`` means "by device", and ``devices`` says what each
-    device then gets (also what a concrete default amounts to there). ``added`` marks keys added
-    after run identities were first recorded: such a key counts in a run's identity only when set
-    away from its default, so runs made before it existed keep their identity.
-    """
-
-    key: str
-    type: Any
-    default: Any
-    devices: dict[str, Any]
-    results: str
-    doc: str
-    plugin: str
-    choices: tuple[str, ...] = ()
-    added: bool = False
-    # Hashed into identities since they were introduced although its results are identical:
-    # dropping it now would change every earlier run's identity.
-    legacy_identity: bool = False
-
-    @property
-    def group(self) -> str:
-        return self.key.split(".", 1)[0]
-
-    @property
-    def name(self) -> str:
-        return self.key.split(".", 1)[1]
-
-    @property
-    def in_identity(self) -> bool:
-        """Whether the key is hashed into a run's identity (see ``added`` for new keys)."""
-        return self.results != IDENTICAL or self.legacy_identity
-
-    @property
-    def comparable(self) -> bool:
-        """Whether runs that differ only in this key may be compared (averaged as seeds)."""
-        return self.results != CHANGES
-
-    def resolve(self, value: Any, device: str) -> Any:
-        """The value in effect on ``device`` (``cpu``/``cuda``) for config value ``value``."""
-        return self.devices[device] if value is None else value
-
-
-SWITCHES: list[Switch] = [
+SPEED: list[Switch] = [
     Switch(
         "trainer.length_grouping",
         str,
@@ -190,53 +129,7 @@ SWITCHES: list[Switch] = [
         "only blocks k..",
         plugin="cache_frozen",
     ),  # fmt: skip
-    Switch(
-        "trainer.measure_flops",
-        bool,
-        False,
-        {"cpu": False, "cuda": False},
-        IDENTICAL,
-        "also log the executed training FLOPs per epoch and per second (every run logs its total, "
-        "`train_flops`)",
-        plugin="meter",
-        legacy_identity=True,
-    ),  # fmt: skip
-    Switch(
-        "data.tokenized_cache",
-        bool,
-        True,
-        {"cpu": True, "cuda": True},
-        IDENTICAL,
-        "tokenised splits kept as Hugging Face datasets cache files, reused by the next job of a "
-        "sweep (tag `data.cache`: hit, miss)",
-        plugin="tokenized_cache",
-    ),  # fmt: skip
-    Switch(
-        "data.tokenized_cache_dir",
-        str | None,
-        None,
-        {"cpu": "~/.cache/ablate/tokenized", "cuda": "~/.cache/ablate/tokenized"},
-        IDENTICAL,
-        "folder of the tokenised cache; null = <user cache>/ablate/tokenized",
-        plugin="tokenized_cache",
-    ),  # fmt: skip
 ]
 
-BY_KEY: dict[str, Switch] = {s.key: s for s in SWITCHES}
-
-
-def register(switch: Switch) -> Switch:
-    """Add an extension's switch (``ablate.extensions``); its key must be new and live in the
-    ``trainer`` or ``data`` group. Returns it."""
-    if switch.key in BY_KEY:
-        raise ValueError(f"speed switch {switch.key!r} is declared already")
-    if switch.group not in ("trainer", "data") or switch.results not in RESULTS:
-        raise ValueError(f"speed switch {switch.key!r}: group trainer/data, results in {RESULTS}")
-    SWITCHES.append(switch)
-    BY_KEY[switch.key] = switch
-    return switch
-
-
-def in_group(group: str) -> list[Switch]:
-    """The switches whose key lives in config group ``group`` (``trainer``, ``data``)."""
-    return [s for s in SWITCHES if s.group == group]
+for _switch in SPEED:
+    register(_switch)

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ablate import config
-from ablate.speed import registry
+from ablate.switches import SWITCHES
 
 # Pins of the data files (URL, sha256): the run's datasets and run.json hold them.
 PINS = "data.splits."
@@ -44,7 +44,7 @@ def selected(
     its default, and even when it changes no number)."""
     flat = flatten(OmegaConf.to_container(cfg, resolve=True))
     identity = config.flags("identity")
-    switches = {s.key: s.default for s in registry.SWITCHES}
+    switches = {s.key: s.default for s in SWITCHES}
     own = {"freeze.name", "freeze.strategy", *(f"freeze.{k}" for k in strategy_keys)}
     named = set(named)
     kept = {}

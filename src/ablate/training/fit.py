@@ -12,14 +12,15 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PrinterCallback
 
-from ablate.speed import plugins
-from ablate.speed.plugin import Context
+from ablate import plugin
+from ablate.plugin import Context
 from ablate.strategies.base import Applied, build_optimizer
 from ablate.tasks import Task
 from ablate.tasks.metrics import Evaluation, argmax_logits
 from ablate.training import checkpoints, keep
 from ablate.training.arguments import training_arguments
 from ablate.training.callbacks import EpochLogger, dev_history
+from ablate.training.meter import CountingCollator, SpeedMeter
 from ablate.training.prepare import Prepared
 from ablate.training.recorder import Recorder
 from ablate.training.resources import peak_rss_mb
@@ -135,8 +136,8 @@ def build_trainer(
     cfg: DictConfig, task: Task, applied: Applied, features: dict[str, list[dict]], tokenizer,
     record: Recorder, device: str, output_dir: str,
 ) -> tuple[CoreTrainer, dict[str, str]]:  # fmt: skip
-    """The run's Trainer on ``applied.model``: the core Trainer with what the speed plugins add
-    (they may wrap the model, the features and the collator); and what they applied."""
+    """The run's Trainer on ``applied.model``: the core Trainer with what the plugins add (they
+    may wrap the model, the features and the collator) and the meter; and what they applied."""
     callbacks = [
         EpochLogger(record, task.primary_metric, task.epoch_metrics),
         *(make(record) for make in applied.callbacks),
@@ -145,10 +146,13 @@ def build_trainer(
         cfg, task, applied, applied.model, dict(features), tokenizer, record, device,
         task.collator(tokenizer), callbacks,
     )  # fmt: skip
-    active = plugins.active()
+    active = plugin.active()
     fields = {k: v for p in active for k, v in p.arguments(ctx).items()}
     ctx.args = training_arguments(cfg, output_dir, device, **fields)
     status = {k: v for p in active for k, v in p.prepare(ctx).items()}
+    # The meter wraps the collator last, outermost: it counts what every wrapper collated.
+    ctx.collator = CountingCollator(ctx.collator)
+    ctx.callbacks.append(SpeedMeter(record, ctx.collator, bool(cfg.trainer.measure_flops)))
     trainer = trainer_class(ctx.mixins)(
         model=ctx.model,
         args=ctx.args,

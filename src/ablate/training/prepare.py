@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import set_seed
 
-from ablate import strategies, tasks
+from ablate import plugin, strategies, switches, tasks
 from ablate.data.dataset import Encoded, default_dir, encode_splits
 from ablate.data.encode import count_scored
 from ablate.data.files import SplitFiles, extra_test_paths, locate
@@ -22,8 +22,6 @@ from ablate.data.sentences import Sentence
 from ablate.errors import AblateError
 from ablate.models.build import build, load_tokenizer
 from ablate.models.source import check_source
-from ablate.speed import plugins, registry
-from ablate.speed.plugin import Context
 from ablate.strategies.base import Applied
 from ablate.training import arguments
 from ablate.training.resources import set_wait_policy, torch_threads
@@ -80,8 +78,8 @@ def check_scored(name: str, features: list, sentences: list, task: tasks.Task) -
 
 
 def check_switches(cfg: DictConfig) -> None:
-    """Refuse a speed switch set to a value outside its choices (``ablate.speed.registry``)."""
-    for switch in registry.SWITCHES:
+    """Refuse a switch set to a value outside its choices (``ablate.switches``)."""
+    for switch in switches.SWITCHES:
         value = OmegaConf.select(cfg, switch.key)
         if switch.choices and value not in switch.choices:
             raise AblateError(f"{switch.key}={value!r} is not one of {', '.join(switch.choices)}")
@@ -119,9 +117,10 @@ def prepare(cfg: DictConfig) -> Prepared:
 
     applied = strategies.apply(build(cfg.model, task.model_class, task.labels), cfg.freeze)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ctx = Context(cfg, task, applied, applied.model, {}, tokenizer, None, device, task.collator)
-    for plugin in plugins.active():
-        plugin.check(ctx)
+    ctx = plugin.Context(cfg, task, applied, applied.model, {}, tokenizer, None, device,
+                         task.collator)  # fmt: skip
+    for each in plugin.active():
+        each.check(ctx)
     return Prepared(
         task,
         files,

@@ -2,9 +2,10 @@
 time per epoch, and the run's executed training FLOPs (``train_flops``; with
 ``trainer.measure_flops`` also per epoch and per second).
 
-Always on: it changes nothing a run computes. ``CountingCollator`` counts the collated training
-batches, or, where a Trainer mixin computes other rows than it collated (packed rows,
-sub-batches), that mixin counts what it computes (``BatchStats.by_trainer``).
+Always on, part of every run's training: it changes nothing a run computes. ``CountingCollator``
+counts the collated training batches, or, where a Trainer mixin computes other rows than it
+collated (packed rows, sub-batches), that mixin counts what it computes (``BatchStats.by_trainer``;
+the collator's ``stats`` is what ``ablate.plugin.CORE_PROVIDES`` names).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainerCallback
-
-from ablate.speed.plugin import Context, Plugin
 
 
 @dataclass
@@ -161,15 +160,3 @@ class SpeedMeter(TrainerCallback):
                 train_flops_per_epoch=per_epoch, train_flops_per_s=sum(flops) / max(seconds, 1e-9)
             )
         self.run.metrics(metrics)
-
-
-class Meter(Plugin):
-    name = "meter"
-    switches = ("trainer.measure_flops",)
-
-    def prepare(self, ctx: Context) -> dict[str, str]:
-        ctx.collator = CountingCollator(ctx.collator)
-        ctx.callbacks.append(
-            SpeedMeter(ctx.record, ctx.collator, bool(ctx.value("trainer.measure_flops")))
-        )
-        return {}
