@@ -4,7 +4,6 @@ the runs left out), ``summary.csv``, ``runs.csv`` and one PNG per chart (``write
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +13,7 @@ from ablate.report.cell import LOADED, LR_FROM_STUDY
 from ablate.report.recipe import heading
 from ablate.report.stats import N_BOOT
 from ablate.report.summary import Report
+from ablate.tables import markdown_table
 
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
 # runs.csv: each run behind the summary, where it came from (its commit) and what it measured.
@@ -91,16 +91,6 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _md_table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
-    def esc(v) -> str:
-        return str(v).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(esc(c) for c in df.columns) + " |"]
-    lines.append("|" + "|".join("--:" if c in right else "---" for c in df.columns) + "|")
-    lines += ["| " + " | ".join(esc(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
-
-
 # The columns of a short summary (a sweep's description in MLflow's narrow box), by the start
 # of their names: the metric's and the baseline's names are in them.
 SHORT = ("strategy", "dev ", "test ", "trainable params", "train time", "Δ dev")
@@ -115,7 +105,7 @@ def tables(report: Report, short: bool = False) -> str:
         if short:
             t = t[[c for c in t.columns if c.startswith(SHORT)]]
         numeric = [c for c in t.columns if c not in ("strategy", "lr")]
-        parts += [f"{heading(report, panel)}:", _md_table(t, right=numeric), ""]
+        parts += [f"{heading(report, panel)}:", markdown_table(t, right=numeric), ""]
     return "\n".join(parts)
 
 
@@ -136,7 +126,7 @@ def markdown(report: Report, charts: bool = True) -> str:
     for panel in report.summary.panel.unique():
         t = table(report, panel).drop(columns="dataset")
         numeric = [c for c in t.columns if c not in ("strategy", "lr", "interval")]
-        lines += [f"## {heading(report, panel)}", "", _md_table(t, right=numeric), ""]
+        lines += [f"## {heading(report, panel)}", "", markdown_table(t, right=numeric), ""]
     lines += [
         "Metric values are the final model's (last epoch; with early stopping, the restored best "
         "epoch's), mean ± std over seeds. Train time is "
@@ -170,7 +160,7 @@ def markdown(report: Report, charts: bool = True) -> str:
         ex = report.excluded.assign(
             run_name=report.excluded.run_name.fillna("–"), seed=report.excluded.seed.astype("Int64")
         )
-        lines += [_md_table(ex.rename(columns={"freeze": "strategy"})), ""]
+        lines += [markdown_table(ex.rename(columns={"freeze": "strategy"})), ""]
     return "\n".join(lines)
 
 
