@@ -21,7 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import compose, run_job, write_slice
+from bench_runner import run_job
+from shared import compose, write_slice
+
+from ablate.tables import markdown_table
 
 NEIGHBOUR = (
     "import torch\n"
@@ -98,26 +101,25 @@ def main() -> int:
 def table(times, threads: int, args, load_start: float) -> str:
     """Markdown: per variant, s/epoch alone and beside the neighbour, and their ratio."""
     plain_alone = statistics.mean(times[(VARIANTS[0][0], False)])
-    lines = [
+    caption = (
         f"{args.model} on {args.data} ({args.train_sentences} train sentences), {args.epochs} "
         f"epoch(s), {threads} threads, mean of {args.repeats}; neighbour: a torch job on all "
         f"{threads} CPUs. Load average {load_start:.1f} at the start (the neighbour's own load "
         "during its half). Command: `python benchmarks/contention.py "
         + " ".join(sys.argv[1:])
-        + "`",
-        "",
-        "| recipe | alone, s/epoch | beside a busy job, s/epoch | slowdown beside it "
-        "(2x = its share) | alone vs plain alone |",
-        "|---|---:|---:|---:|---:|",
-    ]
+        + "`"
+    )
+    columns = ["recipe", "alone, s/epoch", "beside a busy job, s/epoch"]
+    columns += ["slowdown beside it (2x = its share)", "alone vs plain alone"]
+    rows = []
     for name, *_ in VARIANTS:
         alone = statistics.mean(times[(name, False)])
         beside = statistics.mean(times[(name, True)])
-        lines.append(
-            f"| {name} | {alone:.1f} | {beside:.1f} | {beside / alone:.2f}x | "
-            f"{alone / plain_alone:.2f}x |"
+        rows.append(
+            [name, f"{alone:.1f}", f"{beside:.1f}", f"{beside / alone:.2f}x"]
+            + [f"{alone / plain_alone:.2f}x"]
         )
-    return "\n".join(lines)
+    return f"{caption}\n\n{markdown_table(rows, columns, right=columns[1:])}"
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+from ablate.tables import markdown_table
+
 CASES = {
     "--help": ["-m", "ablate.train", "--help"],
     "a misspelt key": ["-m", "ablate.train", "trainer.lrr=1"],
@@ -28,14 +30,15 @@ def main() -> int:
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs; median of {args.repeats}")
-    print("| command | seconds |\n|---|--:|")
+    rows = []
     for name, argv in CASES.items():
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             subprocess.run([sys.executable, *argv], env=env, capture_output=True)
             times.append(time.perf_counter() - t0)
-        print(f"| {name} | {statistics.median(times):.2f} |")
+        rows.append((name, f"{statistics.median(times):.2f}"))
+    print(markdown_table(rows, ["command", "seconds"], right=["seconds"]))
     return 0
 
 
