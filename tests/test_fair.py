@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from conftest import compose_cfg, logged_runs, run_cli, slice_overrides
 from mlflow import MlflowClient
@@ -10,6 +11,17 @@ from omegaconf import OmegaConf
 from ablate import docs, report, search
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG
 from ablate.tracking.lrstudy import Best
+from ablate.tracking.params import OPTION_KEYS_TAG, option_keys
+
+
+def test_a_report_reads_each_strategys_own_keys_as_its_runs_recorded_them():
+    runs = pd.DataFrame({"freeze": ["features", "lora", "none"],
+                         "option_keys": ["model.head", None, ""]})  # fmt: skip
+    # recorded when the run ran (features: only its head, whatever conf/ says today)
+    assert report.summary.own_keys(runs) == {"model.head"}
+    # a run that recorded none is judged by today's conf/
+    older = runs.assign(option_keys=[None, None, None])
+    assert report.summary.own_keys(older) == {"model.head", "trainer.cache_frozen"}
 
 
 def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
@@ -21,9 +33,9 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     assert features.model.head == "bilstm" and features.freeze.all and features.freeze.embeddings
     assert features.trainer.cache_frozen  # from head_only, the option features builds on
     # what an option changes beyond freeze.* is its own, not a setting that splits the comparison
-    assert report.summary.option_keys("features") == {"model.head", "trainer.cache_frozen"}
-    assert report.summary.option_keys("head_only") == {"trainer.cache_frozen"}
-    assert report.summary.option_keys("lora") == set() == report.summary.option_keys("gone")
+    assert option_keys("features") == {"model.head", "trainer.cache_frozen"}
+    assert option_keys("head_only") == {"trainer.cache_frozen"}
+    assert option_keys("lora") == set() == option_keys("gone")
 
     options, overrides = search.for_studies(["experiment=fair"])
     assert options == ["features", "head_only", "bitfit", "lora"]
@@ -73,6 +85,8 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     assert features.data.tags[TUNED_TAG] == best.info.run_id
     assert features.data.tags[RECIPE_LR_TAG] == "5e-05"
     assert none.data.params["trainer.lr"] == "5e-05" and TUNED_TAG not in none.data.tags
+    assert features.data.tags[OPTION_KEYS_TAG] == "model.head,trainer.cache_frozen"
+    assert none.data.tags[OPTION_KEYS_TAG] == ""
     # The job folder says what ran (the grid's jobs: sweep/<n>; the trials': sweep/features/<n>).
     saved = {
         (c := OmegaConf.load(p)).freeze.name: c

@@ -16,7 +16,7 @@ from ablate.config import RECIPE_LR_TAG, TUNED_TAG, default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import scope
 from ablate.tracking.history import latest_per_step
-from ablate.tracking.params import primary_metric
+from ablate.tracking.params import OPTION_KEYS_TAG, primary_metric
 from ablate.tracking.store import check_reachable
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -233,6 +233,7 @@ def load_runs(
                 "lr": _float(p.get("trainer.lr")),
                 "tuned": TUNED_TAG in tags,  # at the lr its strategy's study picked
                 "recipe_lr": tags.get(RECIPE_LR_TAG),  # the lr that one replaced
+                "option_keys": tags.get(OPTION_KEYS_TAG),  # its option's own keys, as it ran
                 "wall_s": (r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else None,
                 "sweep_dir": tags.get("hydra.sweep_dir"),
                 "job_num": _int(tags.get("hydra.job_num")),
@@ -275,7 +276,8 @@ def load_runs(
 _RUN_COLUMNS = [
     "run_id", "run_name", "status", "start_time", "data", "model", "freeze", "seed", "task",
     "items", "metric", "dev", "best_dev", "test", *_RUN_METRICS, "train_time_s", "epochs",
-    "lr", "tuned", "recipe_lr", "wall_s", "sweep_dir", "job_num", "git_commit", "error",
+    "lr", "tuned", "recipe_lr", "option_keys", "wall_s", "sweep_dir", "job_num", "git_commit",
+    "error",
 ]  # fmt: skip
 _HISTORY_COLUMNS = ["run_id", "data", "model", "freeze", "seed", "key", "epoch", "value"]
 

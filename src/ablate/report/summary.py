@@ -8,15 +8,12 @@ result beyond seed noise, from ``ablate.switches``).
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pandas as pd
-from omegaconf import OmegaConf
 
-from ablate import config
 from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import recipe
@@ -24,7 +21,7 @@ from ablate.report.cell import LOADED, summary_row
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
 from ablate.report.load import Runs, describe_source, load_runs
 from ablate.report.stats import N_BOOT, Predictions
-from ablate.tracking.params import settings
+from ablate.tracking.params import option_keys, settings
 
 BASELINE = "none"
 # Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
@@ -59,33 +56,24 @@ class Report:
     baseline: str = BASELINE
 
 
-@functools.cache
-def _flat(freeze: str) -> dict[str, object]:
-    """The config composed with ``freeze``, without ``freeze.*``, by dotted key."""
-    tree = OmegaConf.to_container(config.compose(f"freeze={freeze}"), resolve=False)
-    tree.pop("freeze")
-    return pd.json_normalize(tree).iloc[0].to_dict()
+def own_keys(runs: pd.DataFrame) -> frozenset[str]:
+    """The keys outside ``freeze.*`` that the strategies of ``runs`` bring (a ``features`` run's
+    head differs from the others' by design): as each run recorded them when it ran, else (a run
+    made before runs recorded them) as today's ``conf/`` composes its option."""
+    keys: set[str] = set()
+    for freeze, recorded in (
+        runs[["freeze", "option_keys"]].drop_duplicates().itertuples(index=False)
+    ):
+        keys |= set(filter(None, recorded.split(","))) if isinstance(recorded, str) else (
+            option_keys(freeze)
+        )  # fmt: skip
+    return frozenset(keys)
 
 
-@functools.cache
-def option_keys(freeze: str) -> frozenset[str]:
-    """Keys outside ``freeze.*`` that choosing the freeze option changes (a ``# @package
-    _global_`` option such as ``features`` brings its head, and what its defaults bring):
-    the option composed beside ``freeze=none``; none for an option ``conf/freeze`` lacks."""
-    if not (config.conf_dir() / "freeze" / f"{freeze}.yaml").is_file():
-        return frozenset()
-    mine, base = _flat(freeze), _flat("none")
-    return frozenset(k for k in mine.keys() | base.keys() if mine.get(k) != base.get(k))
-
-
-def compared(
-    params: dict[str, str], strategies: Iterable[str], recipe_lr: str | None
-) -> dict[str, str]:
-    """A run's settings as compared with the runs of other ``strategies``: without the keys
-    that are a strategy's own (``freeze.*``, and what choosing any of them changes: a
-    ``features`` run's head differs from the others' by design), and with the recipe's lr where
-    the run's own lr study picked the lr (``recipe_lr``)."""
-    own = frozenset().union(*map(option_keys, set(strategies)))
+def compared(params: dict[str, str], own: frozenset[str], recipe_lr: str | None) -> dict[str, str]:
+    """A run's settings as compared with the runs of other strategies: without the keys that
+    are a strategy's own (``freeze.*`` and ``own``, from ``own_keys``), and with the recipe's lr
+    where the run's own lr study picked the lr (``recipe_lr``)."""
     out = {
         k: v for k, v in settings(params).items() if not k.startswith("freeze.") and k not in own
     }
@@ -129,9 +117,8 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     # Runs are compared only within a group of equal settings (every setting but the seed and
     # the strategy's own keys): one table per group, never a mean across groups.
     ok = df[~df.run_id.isin(reasons)]
-    shared = {
-        r.run_id: compared(runs.params[r.run_id], ok.freeze, r.recipe_lr) for r in ok.itertuples()
-    }
+    own = own_keys(ok)
+    shared = {r.run_id: compared(runs.params[r.run_id], own, r.recipe_lr) for r in ok.itertuples()}
     # groups told apart within a dataset and model: those differ between panels anyway
     labels = {
         (data, model, g): label
@@ -220,7 +207,7 @@ def build(
     rows, notes = [], []
     for (panel, data, model), group in used.groupby(["panel", "data", "model"], sort=True):
         first = group.iloc[0]
-        shared = compared(runs.params[first.run_id], used.freeze, first.recipe_lr)
+        shared = compared(runs.params[first.run_id], own_keys(used), first.recipe_lr)
         described = recipe.describe(shared, data, model, name_model=named)
         base = group[group.freeze == baseline]
         if base.empty:
@@ -285,7 +272,8 @@ def _differing_settings(group: pd.DataFrame, params: dict[str, dict[str, str]]) 
     """Settings that differ between the strategies of one panel, e.g. runs from two grids; each
     strategy's own keys (``compared``) differ by design and are not named."""
     latest = {s: group[group.freeze == s].iloc[-1] for s in strategy_order(group.freeze)}
-    by_strategy = {s: compared(params[r.run_id], latest, r.recipe_lr) for s, r in latest.items()}
+    own = own_keys(group)
+    by_strategy = {s: compared(params[r.run_id], own, r.recipe_lr) for s, r in latest.items()}
     keys = {k for p in by_strategy.values() for k in p}
     parts = []
     for key in sorted(keys):

@@ -22,6 +22,8 @@ from ablate.switches import SWITCHES
 
 # Pins of the data files (URL, sha256): the run's datasets and run.json hold them.
 PINS = "data.splits."
+# A run's tag: the keys outside ``freeze.*`` that its freeze option changes (``option_keys``)
+OPTION_KEYS_TAG = "ablate.option_keys"
 
 
 def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -34,6 +36,24 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
+
+
+@functools.cache
+def option_keys(freeze: str) -> frozenset[str]:
+    """Keys outside ``freeze.*`` that choosing the freeze option changes (a ``# @package
+    _global_`` option such as ``features`` brings its head, and what its defaults bring): the
+    option composed beside ``freeze=none``; none for an option ``conf/freeze`` lacks. A run
+    records them when it runs (``OPTION_KEYS_TAG``), so a report reads them from the run."""
+    if not (config.conf_dir() / "freeze" / f"{freeze}.yaml").is_file():
+        return frozenset()
+
+    def composed(option: str) -> dict[str, Any]:
+        tree = OmegaConf.to_container(config.compose(f"freeze={option}"), resolve=False)
+        tree.pop("freeze")
+        return flatten(tree)
+
+    mine, base = composed(freeze), composed("none")
+    return frozenset(k for k in mine.keys() | base.keys() if mine.get(k) != base.get(k))
 
 
 def selected(

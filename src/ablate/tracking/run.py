@@ -31,7 +31,7 @@ from ablate.tracking import procs, ui
 from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
-from ablate.tracking.params import flatten, selected
+from ablate.tracking.params import OPTION_KEYS_TAG, flatten, option_keys, selected
 from ablate.tracking.parent import REUSED, in_multirun, recorded, sweep_parent
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
@@ -335,7 +335,8 @@ def start_run(
             run.tags(started_over)
             env = environment()
             run.tags({**_git(), "device": env["device"], **_sweep_tags()})
-            run.tags({"ablate.identity": ident, **this_process})
+            own = ",".join(sorted(option_keys(cfg.freeze.name))) if "name" in cfg.freeze else ""
+            run.tags({"ablate.identity": ident, OPTION_KEYS_TAG: own, **this_process})
             run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr search's study)
             output = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
             run.info("environment", {**env, "output_dir": output})
