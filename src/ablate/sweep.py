@@ -21,6 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ablate.errors import AblateError
+from ablate.tracking.journal import chunks
 from ablate.tracking.signals import pass_on
 
 log = logging.getLogger("ablate")
@@ -187,9 +188,8 @@ def _shared_params(client, run_id: str, runs: list) -> None:
     common = dict(runs[0].data.params)
     for r in runs[1:]:
         common = {k: v for k, v in common.items() if r.data.params.get(k) == v}
-    items = sorted(common.items())
-    for i in range(0, len(items), 100):  # MLflow's limit of params per batch
-        client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + 100]])
+    for chunk in chunks(sorted(common.items())):
+        client.log_batch(run_id, params=[Param(k, v) for k, v in chunk])
 
 
 _METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]+")  # what an MLflow metric name may not hold

@@ -184,10 +184,10 @@ class Journal:
         c, run = self.client, self.run_id
         op = e["op"]
         if op == "params":
-            for chunk in _chunks(list(e["params"].items())):
+            for chunk in chunks(list(e["params"].items())):
                 c.log_batch(run, params=[Param(k, v) for k, v in chunk])
         elif op == "tags":
-            for chunk in _chunks(list(e["tags"].items())):
+            for chunk in chunks(list(e["tags"].items())):
                 c.log_batch(run, tags=[RunTag(k, v) for k, v in chunk])
         elif op == "metrics":
             c.log_batch(run, metrics=[Metric(k, v, e["ts"], e["step"])
@@ -221,7 +221,8 @@ class Journal:
         self._sent = n
 
 
-def _chunks(items: list, size: int = _BATCH) -> Iterable[list]:
+def chunks(items: list, size: int = _BATCH) -> Iterable[list]:
+    """``items`` in lists of at most ``size``: MLflow's limit of params (and tags) per batch."""
     for i in range(0, len(items), size):
         yield items[i : i + size]
 
