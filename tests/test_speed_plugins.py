@@ -63,6 +63,21 @@ def test_every_switch_is_declared_once_claimed_by_one_plugin_and_in_the_schema()
     for key, kwarg in (("trainer.bf16", "bf16"), ("trainer.pin_memory", "dataloader_pin_memory")):
         assert gpu[kwarg] is switches.BY_KEY[key].devices["cuda"]
         assert cpu[kwarg] is switches.BY_KEY[key].devices["cpu"]
+    assert "torch_compile" not in gpu and "torch_compile" not in cpu  # compile: off everywhere
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune"])
+def test_compile_hands_its_mode_to_the_trainer_and_refuses_another(mode):
+    from ablate.training.arguments import training_arguments
+    from ablate.training.prepare import check_switches
+
+    cfg = compose_cfg(f"trainer.compile={mode}")
+    fields = precision.arguments(cfg.trainer, cuda=False, bf16_ok=False, tf32_ok=False)
+    args = training_arguments(cfg, "unused", "cpu", **fields)
+    assert args.torch_compile is True
+    assert args.torch_compile_mode == (None if mode == "default" else mode)
+    with pytest.raises(AblateError, match=r"trainer\.compile='fast' is not one of off, default"):
+        check_switches(compose_cfg("trainer.compile=fast"))
 
 
 def test_identity_leaves_out_identical_switches_and_new_keys_at_their_default():

@@ -1,5 +1,6 @@
-"""Numerics and kernels: ``trainer.fused_adamw``, ``bf16``, ``tf32``, ``pin_memory`` and
-``attention_kernels`` (the TrainingArguments they set, and CUDA's attention kernel choice)."""
+"""Numerics and kernels: ``trainer.fused_adamw``, ``bf16``, ``tf32``, ``pin_memory``,
+``compile`` and ``attention_kernels`` (the TrainingArguments they set, and CUDA's attention
+kernel choice)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ def arguments(
     }
     if cuda and t.tf32 and tf32_ok:
         kwargs["tf32"] = True
+    if t.compile != "off":  # the Trainer compiles the model it trains (torch_compile_mode)
+        mode = None if t.compile == "default" else t.compile
+        kwargs.update(torch_compile=True, torch_compile_mode=mode)
     return kwargs
 
 
@@ -84,7 +88,7 @@ class Precision(Plugin):
     name = "precision"
     switches = (
         "trainer.fused_adamw", "trainer.bf16", "trainer.tf32", "trainer.pin_memory",
-        "trainer.attention_kernels",
+        "trainer.compile", "trainer.attention_kernels",
     )  # fmt: skip
 
     def check(self, ctx: Context) -> None:

@@ -79,6 +79,19 @@ SPEED: list[Switch] = [
         added=True,
     ),  # fmt: skip
     Switch(
+        "trainer.compile",
+        str,
+        "off",
+        {"cpu": "off", "cuda": "off"},
+        SAME_MATH,
+        "the model through `torch.compile` in this mode (`default`, `reduce-overhead`: CUDA "
+        "graphs, `max-autotune`): fewer kernel launches a step, after a compile per batch shape "
+        "(`round_shapes` keeps them few); `off` = eager",
+        plugin="precision",
+        choices=("off", "default", "reduce-overhead", "max-autotune"),
+        added=True,
+    ),  # fmt: skip
+    Switch(
         "trainer.embedding_rows",
         bool,
         True,
