@@ -16,11 +16,11 @@ from pathlib import Path
 
 from omegaconf import MISSING
 
-from ablate import config
+from ablate import config, switches
 from ablate.config import conf_dir, project_root
 from ablate.report.render import millions, share
 from ablate.report.summary import LR_FROM_STUDY
-from ablate.speed import registry
+from ablate.tables import markdown_table
 
 FILES = (
     "README.md", "docs/config.md", "docs/speed.md", "docs/tasks-and-strategies.md",
@@ -41,7 +41,7 @@ STUDIED_FAMILIES = ("layers", "bitfit", "llrd", "gradual", "lora")
 
 
 @functools.cache
-def _freeze_row(option: str, model: str) -> tuple[str, str]:
+def _freeze_row(option: str, model: str) -> tuple[str, tuple[str, ...]]:
     """(the option's strategy family, its row of the freeze table)."""
     from ablate import strategies, tasks
     from ablate.models.build import build
@@ -52,8 +52,11 @@ def _freeze_row(option: str, model: str) -> tuple[str, str]:
     a = strategies.apply(build(cfg.model, pos.model_class, pos.labels), cfg.freeze)
     what = _first_comment(conf_dir() / "freeze" / f"{option}.yaml")
     return cfg.freeze.strategy, (
-        f"| `freeze={option}` | {what} | {a.trainable_params:,} | {a.total_params:,} | "
-        f"{a.trainable_pct:.2f} % |"
+        f"`freeze={option}`",
+        what,
+        f"{a.trainable_params:,}",
+        f"{a.total_params:,}",
+        f"{a.trainable_pct:.2f} %",
     )
 
 
@@ -66,11 +69,8 @@ def freeze_table(options: str = "studied", model: str = "minilm") -> str:
     paths = sorted((conf_dir() / "freeze").glob("*.yaml"))
     found = [_freeze_row(path.stem, model) for path in paths]
     rows = [row for family, row in found if options == "all" or family in STUDIED_FAMILIES]
-    header = (
-        f"| option | what it does | trainable params ({model}) | total params | trainable |\n"
-        "|---|---|---:|---:|---:|"
-    )
-    return "\n".join([header, *rows])
+    columns = ["option", "what it does", f"trainable params ({model})", "total params", "trainable"]
+    return markdown_table(rows, columns, right=columns[2:])
 
 
 def make_help() -> str:
@@ -113,9 +113,9 @@ def _default(f: dataclasses.Field) -> str:
 def config_keys() -> str:
     """Every key of the schema: its default, what it means, whether it is part of a run's
     identity and whether runs that differ in it are different settings (``ablate.config.key``)."""
-    rows = ["| key | default | meaning | identity | setting |", "|---|---|---|:-:|:-:|"]
+    rows = []
     for dotted, f in config.schema_keys():
-        switch = registry.BY_KEY.get(dotted)
+        switch = switches.BY_KEY.get(dotted)
         doc = f.metadata.get("doc", "")
         if switch is not None:
             doc = f"speed switch ([speed.md](speed.md)): {doc}"
@@ -123,23 +123,20 @@ def config_keys() -> str:
         if f.metadata.get("added"):
             identity = "if set"
         setting = "yes" if f.metadata.get("setting", True) else "no"
-        rows.append(f"| `{dotted}` | {_default(f)} | {doc} | {identity} | {setting} |")
-    return "\n".join(rows)
+        rows.append((f"`{dotted}`", _default(f), doc, identity, setting))
+    columns = ["key", "default", "meaning", "identity", "setting"]
+    return markdown_table(rows, columns, center=["identity", "setting"])
 
 
 def speed_switches() -> str:
     """Every speed switch: its default, what it amounts to per device, and its results."""
     rows = [
-        "| switch | default | cpu | cuda | results | what it does |",
-        "|---|---|---|---|---|---|",
-    ]
-
-    for s in registry.SWITCHES:
-        rows.append(
-            f"| `{s.key}` | `{_shown(s.default)}` | {_shown(s.devices['cpu'])} | "
-            f"{_shown(s.devices['cuda'])} | {s.results} | {s.doc} |"
-        )
-    return "\n".join(rows)
+        (f"`{s.key}`", f"`{_shown(s.default)}`", _shown(s.devices["cpu"]),
+         _shown(s.devices["cuda"]), s.results, s.doc)
+        for s in switches.SWITCHES
+    ]  # fmt: skip
+    columns = ["switch", "default", "cpu", "cuda", "results", "what it does"]
+    return markdown_table(rows, columns)
 
 
 RESULTS = "naija"  # the README's study: docs/results/<name>/, a report made by make report
@@ -190,19 +187,18 @@ def _rerun(row: dict) -> str:
 def results_table(study: str = RESULTS, rerun: bool = False) -> str:
     """The published study's summary (``summary.csv`` of its report) as a table; ``rerun``: each
     row with the command that reruns it."""
-    lines = [
-        "| strategy | lr | dev accuracy (%) | test accuracy (%) | trainable params (M) | "
-        "train time (s) | seeds |" + (" rerun it |" if rerun else ""),
-        "|---|--:|--:|--:|--:|--:|--:|" + ("---|" if rerun else ""),
-    ]
+    numbers = ["lr", "dev accuracy (%)", "test accuracy (%)", "trainable params (M)"]
+    numbers += ["train time (s)", "seeds"]
+    rows = []
     for row in _csv(study):
         lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == LR_FROM_STUDY else "")
-        lines.append(
-            f"| `{row['strategy']}` | {lr} | {_pct(row, 'dev')} | {_pct(row, 'test')} | "
-            f"{millions(float(row['trainable_params_m']))} | {float(row['train_time_s']):.0f} | "
-            f"{row['n']} |" + (f" {_rerun(row)} |" if rerun else "")
+        rows.append(
+            [f"`{row['strategy']}`", lr, _pct(row, "dev"), _pct(row, "test")]
+            + [millions(float(row["trainable_params_m"])), f"{float(row['train_time_s']):.0f}"]
+            + [row["n"], *([_rerun(row)] if rerun else [])]
         )
-    return "\n".join(lines)
+    columns = ["strategy", *numbers, *(["rerun it"] if rerun else [])]
+    return markdown_table(rows, columns, right=numbers)
 
 
 def results_provenance(study: str = RESULTS) -> str:
