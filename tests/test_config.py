@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_cli
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -21,8 +20,7 @@ def options(group: str) -> list[str]:
 
 
 def make(overrides: list[str] = (), hydra: bool = False):
-    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
-        return compose("train", overrides=list(overrides), return_hydra_config=hydra)
+    return config.compose(*overrides, hydra=hydra)
 
 
 CASES = [(g, o) for g in GROUPS for o in options(g)]

@@ -124,12 +124,7 @@ def test_missing_or_ambiguous_split_files_are_clear_errors(tmp_path):
 
 
 def test_pinned_release_with_altered_file_is_refused(tmp_path):
-    from hydra import compose, initialize_config_dir
-
-    from ablate.config import conf_dir
-
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose("train", overrides=["data=naija", f"data.root={tmp_path}"]).data
+    cfg = compose_cfg("data=naija", f"data.root={tmp_path}").data
     shutil.copytree(NAIJA, tmp_path / "ud" / "UD_Naija-NSC")
     assert files.locate(cfg).sha256["test"] == cfg.splits.test.sha256
     dev = tmp_path / "ud" / "UD_Naija-NSC" / "pcm_nsc-ud-dev.conllu"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
+from conftest import compose_cfg
 from transformers import (
     AutoConfig,
     AutoModelForTokenClassification,
@@ -14,17 +14,11 @@ from transformers import (
 )
 
 from ablate import strategies
-from ablate.config import conf_dir
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build as build_model
 from ablate.tasks import TASKS
 from ablate.tasks.pos import UPOS
-
-
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 @pytest.fixture(scope="module")

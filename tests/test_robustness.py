@@ -17,6 +17,7 @@ import pytest
 from conftest import (
     NAIJA,
     ROOT,
+    compose_cfg,
     conllu_blocks,
     logged_runs,
     run_cli,
@@ -24,10 +25,8 @@ from conftest import (
     slice_overrides,
     write_treebank,
 )
-from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from ablate.config import conf_dir
 from ablate.tasks.pos import read_conllu
 from ablate.tracking import procs
 from ablate.tracking.identity import identity
@@ -138,10 +137,9 @@ def test_same_seed_gives_identical_dev_metrics_and_a_full_record(slice_root, tmp
 
 
 def test_identity_ignores_where_runs_go_but_not_what_they_compute(slice_root, tmp_path):
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        base = identity(compose("train"))
-        same = compose("train", overrides=["tracking.uri=sqlite:////x.db", "trainer.resume=true"])
-        other = compose("train", overrides=["trainer.lr=1e-4"])
+    base = identity(compose_cfg())
+    same = compose_cfg("tracking.uri=sqlite:////x.db", "trainer.resume=true")
+    other = compose_cfg("trainer.lr=1e-4")
     assert identity(same) == base
     assert identity(other) != base
 
@@ -151,9 +149,8 @@ def test_identity_ignores_where_runs_go_but_not_what_they_compute(slice_root, tm
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy / "ud" / "UD_Naija-Slice")
     slice_cfg = ["data=ud", "data.treebank=UD_Naija-Slice"]
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        first = compose("train", overrides=[*slice_cfg, f"data.root={slice_root}"])
-        moved = compose("train", overrides=[*slice_cfg, f"data.root={copy}"])
+    first = compose_cfg(*slice_cfg, f"data.root={slice_root}")
+    moved = compose_cfg(*slice_cfg, f"data.root={copy}")
     assert identity(moved) == identity(first)
     train = copy / "ud" / "UD_Naija-Slice" / "pcm_slice-ud-train.conllu"
     blocks = conllu_blocks(train)
@@ -168,31 +165,27 @@ def test_identity_ignores_where_runs_go_but_not_what_they_compute(slice_root, tm
     for root in (other, copy):
         (root / extra).parent.mkdir(parents=True)
         shutil.copy(folder / "pcm_slice-ud-test.conllu", root / extra)
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        a, b = (
-            compose("train", overrides=[*slice_cfg, f"data.root={r}", f"data.extra_test=[{extra}]"])
-            for r in (other, copy)
-        )
+    a, b = (compose_cfg(*slice_cfg, f"data.root={r}", f"data.extra_test=[{extra}]")
+            for r in (other, copy))  # fmt: skip
     assert identity(a) == identity(b)
     (copy / extra).write_text("\n".join(conllu_blocks(copy / extra)[:-1]) + "\n", "utf-8")
     assert identity(a) != identity(b)
 
     # A model folder counts by its content, not its path (each checkout has its own venv path);
     # a randomly initialised model (tiny) by everything but its weights.
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        packaged = compose("train", overrides=["model=tiny"])
-        model_copy = tmp_path / "model"
-        shutil.copytree(
-            packaged.model.name_or_path, model_copy, ignore=shutil.ignore_patterns("*.safetensors")
+    packaged = compose_cfg("model=tiny")
+    model_copy = tmp_path / "model"
+    shutil.copytree(
+        packaged.model.name_or_path, model_copy, ignore=shutil.ignore_patterns("*.safetensors")
+    )
+    moved, pretrained, pretrained_moved = (
+        compose_cfg(*overrides)
+        for overrides in (
+            ["model=tiny", f"model.name_or_path={model_copy}"],
+            ["model=minilm"],
+            ["model=minilm", f"model.name_or_path={model_copy}"],
         )
-        moved, pretrained, pretrained_moved = (
-            compose("train", overrides=overrides)
-            for overrides in (
-                ["model=tiny", f"model.name_or_path={model_copy}"],
-                ["model=minilm"],
-                ["model=minilm", f"model.name_or_path={model_copy}"],
-            )
-        )
+    )
     assert identity(moved) == identity(packaged)
     assert identity(pretrained_moved) != identity(pretrained)  # no weights
     config = model_copy / "config.json"
@@ -375,8 +368,7 @@ def test_a_failed_run_keeps_its_checkpoint_folder_only_when_it_can_resume(
     monkeypatch.setattr(CoreTrainer, "training_step", crash)
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = [o for o in slice_overrides(slice_root, store, tmp_path) if "hydra." not in o]
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
+    cfg = compose_cfg(*overrides)
     prepared = prepare_run(cfg)
     with pytest.raises(RuntimeError, match="injected crash"), start_run(cfg) as run:
         fit(cfg, prepared, run)

@@ -9,11 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import logged_runs, run_cli, run_info, slice_overrides, sweep_parents
-from hydra import compose, initialize_config_dir
+from conftest import (
+    logged_runs,
+    run_cli,
+    run_info,
+    slice_overrides,
+    sweep_parents,
+)
 from mlflow.tracking import MlflowClient
 
-from ablate.config import conf_dir
+from ablate import config
 
 FREEZES = ("none", "all", "first2", "first4")
 
@@ -124,12 +129,7 @@ def test_slurm_cpus_per_task_caps_the_threads(monkeypatch):
 
 
 def test_slurm_preset_sets_the_knobs_a_slurm_user_needs():
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose(
-            "train",
-            overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
-            return_hydra_config=True,
-        )
+    cfg = config.compose("hydra/launcher=slurm", "hydra.launcher.partition=gpu", hydra=True)
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert launcher.partition == "gpu"

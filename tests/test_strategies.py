@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, fit_here, logged_runs, run_cli, slice_overrides
-from hydra import compose, initialize_config_dir
+from conftest import ROOT, compose_cfg, fit_here, logged_runs, run_cli, slice_overrides
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 from transformers import DataCollatorForTokenClassification, DistilBertConfig, TrainerCallback
 
 from ablate import report, search, strategies
-from ablate.config import conf_dir
 from ablate.data.encode import IGNORE, encode_words
 from ablate.errors import AblateError
 from ablate.models import anatomy
@@ -29,11 +27,6 @@ from ablate.tracking.history import latest_per_step
 
 NEW = ("lora", "bitfit", "llrd", "gradual", "embeddings")
 C = len(UPOS)
-
-
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def build(cfg):

@@ -14,6 +14,7 @@ from conftest import (
     DATA,
     EWT,
     ROOT,
+    compose_cfg,
     conllu_blocks,
     fit_here,
     logged_runs,
@@ -22,13 +23,11 @@ from conftest import (
     slice_overrides,
     write_treebank,
 )
-from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
 from ablate import report, strategies, tasks
-from ablate.config import conf_dir
 from ablate.data import files
 from ablate.data.encode import IGNORE
 from ablate.data.sentences import Sentence, check_labels, hold_out
@@ -41,11 +40,6 @@ from ablate.tracking.params import primary_metric
 CONLL = DATA / "conll2003"
 SST2 = DATA / "sst2"
 UNPIN = [f"data.splits.{s}.sha256=null" for s in ("train", "dev", "test")]
-
-
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def fit(store: str, *overrides: str):
