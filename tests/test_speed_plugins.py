@@ -485,3 +485,21 @@ def test_real_sweep_reuses_tokenisation_and_trains_on_the_cached_prefix(
         assert m["cache_frozen_time_s"] > 0 and m["train_tokens_per_s"] > 0
         assert m["dev_eval_time_s"] > 0 and 0 <= m["dev_accuracy"] <= 1
         assert m["dev_words"] == runs["1"].data.metrics["dev_words"] > 0
+
+
+def test_a_plugin_that_reads_what_a_later_one_adds_is_refused():
+    class Reads(plugin.Plugin):
+        name, uses = "reads", ("model.extra",)
+
+    class Adds(plugin.Plugin):
+        name, provides = "adds", ("model.extra",)
+
+    plugin.check_order([Adds(), Reads()])  # the provider first: fine
+    plugin.check_order([Reads()])  # nothing adds it: the reader does without
+    with pytest.raises(ValueError, match="'reads' reads 'model.extra', which plugin 'adds' adds"):
+        plugin.check_order([Reads(), Adds()])
+    with pytest.raises(ValueError, match="'adds' and 'adds' both add 'model.extra'"):
+        plugin.check_order([Adds(), Adds()])
+    # the built-in order holds: the prefix cache adds what length grouping reads
+    names = [p.name for p in plugin.active()]
+    assert names.index("cache_frozen") < names.index("length_grouping")

@@ -123,7 +123,7 @@ def test_datasets_a_few_tags_and_artifacts(single_run, slice_root, tmp_path):
     # no liveness bookkeeping (its process, its heartbeat)
     assert {k for k in tags if not k.startswith("mlflow.")} == {
         "git.commit", "git.dirty", "device", "freeze.frozen_blocks", "ablate.identity",
-        "ablate.checkpoint_dir",
+        "ablate.checkpoint_dir", "ablate.option_keys",
     }  # fmt: skip
     assert not [k for k, v in run.data.metrics.items() if v == 0 and k.startswith("dev_")]
     assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's system metrics
