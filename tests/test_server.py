@@ -204,8 +204,8 @@ def test_a_grid_logged_by_an_editor_and_reported_by_a_reader(
     monkeypatch.setenv(ENV_USER, team.ed[0])  # the editor's credentials, from the environment
     monkeypatch.setenv(ENV_PASSWORD, team.ed[1])
     # three sweeps of two joblib workers at once: the server, not the jobs, takes the
-    # concurrency (the sqlite test runs three sweeps of four)
-    three_sweeps_at_once(slice_root, team.uri, tmp_path, jobs=2)
+    # concurrency
+    three_sweeps_at_once(slice_root, team.uri, tmp_path)
     runs = logged_runs(team.uri, "w0")
     client = MlflowClient(team.uri)
     # artifacts went through the server into its artifact root
