@@ -12,14 +12,13 @@ never read half a file) and the next job with the same fingerprint reads it inst
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import inspect
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pyarrow as pa
 
 from ablate.config import user_cache
 from ablate.data.sentences import Sentence
+from ablate.quiet import quieted
 
 log = logging.getLogger(__name__)
 
@@ -114,20 +114,6 @@ def _encode_batch(batch: dict, encode: Callable, tokenizer, label2id, max_length
     return columns
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    # datasets draws a bar per map; tokenising a split takes a second or less.
-    from datasets.utils import logging as ds_logging
-
-    was = ds_logging.is_progress_bar_enabled()
-    ds_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            ds_logging.enable_progress_bar()
-
-
 @dataclass
 class Encoded:
     """Features per split, the encoder's counts per split, and whether the cache served them
@@ -184,7 +170,8 @@ def encode_splits(
             "load_from_cache_file": True,
             **kwargs,
         }
-        with _quiet():
+        # datasets draws a bar per map; tokenising a split takes a second or less
+        with quieted(bars=("datasets",), terminal_bars=False):
             try:
                 encoded = table.map(_encode_batch, **arguments)
             except (OSError, ValueError, pa.ArrowException) as exc:

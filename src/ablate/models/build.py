@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -14,6 +13,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokeni
 from ablate.errors import AblateError
 from ablate.models.heads import HEADS, BiLSTMTokenClassifier
 from ablate.models.source import check_source
+from ablate.quiet import quieted
 
 log = logging.getLogger(__name__)
 
@@ -42,31 +42,13 @@ def load_tokenizer(cfg: DictConfig):
     return _load("tokenizer", cfg, AutoTokenizer.from_pretrained, use_fast=True)
 
 
-@contextlib.contextmanager
-def _no_load_report() -> Iterator[None]:
+def _no_load_report() -> contextlib.AbstractContextManager:
     # transformers prints a colour-coded table for every load; a fresh task head is expected
     # (and logged by _fresh_head in one line), so the table would only look like an error. Its
     # tensor-parallel check warns whenever the loader's logger is quieted, so both are; and the
     # weight-loading bar is for people at a terminal, not job logs.
-    from transformers.utils import logging as hf_logging
-
-    loggers = [
-        logging.getLogger(name)
-        for name in ("transformers.modeling_utils", "transformers.distributed.tensor_parallel")
-    ]
-    levels = [logger.level for logger in loggers]
-    bars = hf_logging.is_progress_bar_enabled()
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    if not sys.stderr.isatty():
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-        if bars:
-            hf_logging.enable_progress_bar()
+    loggers = ("transformers.modeling_utils", "transformers.distributed.tensor_parallel")
+    return quieted(dict.fromkeys(loggers, logging.ERROR), bars=("transformers",))
 
 
 def _fresh_head(model: nn.Module, info: dict, path: str) -> None:

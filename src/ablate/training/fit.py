@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import tempfile
-from collections.abc import Iterator
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -14,6 +12,7 @@ from transformers import EarlyStoppingCallback, PrinterCallback
 
 from ablate import plugin
 from ablate.plugin import Context
+from ablate.quiet import quieted
 from ablate.strategies.base import Applied, build_optimizer
 from ablate.tasks import Task
 from ablate.tasks.metrics import Evaluation, argmax_logits
@@ -70,23 +69,10 @@ def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
     return results
 
 
-@contextlib.contextmanager
-def quiet_libraries() -> Iterator[None]:
+def quiet_libraries() -> contextlib.AbstractContextManager:
     """Training's job log without the libraries' repeats: accelerate's note on every evaluation,
-    a bar per checkpoint shard (bars stay for people at a terminal)."""
-    from transformers.utils import logging as hf_logging
-
-    accelerate = logging.getLogger("accelerate")
-    level, bars = accelerate.level, hf_logging.is_progress_bar_enabled()
-    accelerate.setLevel(logging.WARNING)
-    if not sys.stderr.isatty():
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        accelerate.setLevel(level)
-        if bars:
-            hf_logging.enable_progress_bar()
+    a bar per checkpoint shard."""
+    return quieted({"accelerate": logging.WARNING}, bars=("transformers",))
 
 
 def record_inputs(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, int]:

@@ -21,12 +21,10 @@ trained embedding rows) goes with it. A peft method over a random encoder
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from ablate import tasks
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build
+from ablate.quiet import quieted
 from ablate.training.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: P
 
     # The flavour warns that it finds no model card or licence on the hub for a local model, and
     # notes each step; ``keep`` says what is kept in one line.
-    with _quiet("mlflow.transformers"):
+    with quieted({"mlflow.transformers": logging.ERROR}):
         mlflow.transformers.save_model(
             {"model": plain, "tokenizer": tokenizer}, str(path), task=PIPELINES[task.head],
             pip_requirements=_requirements(),  # else MLflow loads the model again to infer them
@@ -152,7 +151,7 @@ def load(model_uri: str, base: str | None = None, **pipeline_kwargs):
     tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
     # The pipeline logs an error for a model class it does not list (the BiLSTM head), which it
     # runs all the same
-    with _quiet("transformers.pipelines.base", logging.CRITICAL):
+    with quieted({"transformers.pipelines.base": logging.CRITICAL}):
         return pipeline(
             PIPELINES[task.head], model=model.eval(), tokenizer=tokenizer, **pipeline_kwargs
         )
@@ -181,15 +180,3 @@ def _requirements() -> list[str]:
 
     # public versions: a local label (torch's +cpu) is not on PyPI
     return [f"{p}=={Version(version(p)).public}" for p in ("torch", "transformers")]
-
-
-@contextlib.contextmanager
-def _quiet(name: str, level: int = logging.ERROR) -> Iterator[None]:
-    """Logger ``name`` shows records of ``level`` and above only."""
-    logger = logging.getLogger(name)
-    before = logger.level
-    logger.setLevel(level)
-    try:
-        yield
-    finally:
-        logger.setLevel(before)
