@@ -80,6 +80,8 @@ def _float(value: str | None) -> float | None:
 
 
 def _search(client: MlflowClient, experiment_id: str) -> list:
+    # mlflow.search_runs pages by itself, but only through the process-wide tracking URI, which
+    # reading a store given by --uri must not change: this client's pages, read to the end.
     runs, token = [], None
     while True:
         page = client.search_runs([experiment_id], max_results=1000, page_token=token)
