@@ -212,6 +212,35 @@ def fit_here(cfg):
     return run.id, results
 
 
+# The NER and SST-2 files under the shared data root, and overrides that read a slice of them
+CONLL = DATA / "conll2003"
+SST2 = DATA / "sst2"
+UNPIN = [f"data.splits.{s}.sha256=null" for s in ("train", "dev", "test")]
+
+
+@pytest.fixture(scope="module")
+def task_root(tmp_path_factory) -> Path:
+    """A data root laid out like the shared one, with slices of the real files: CoNLL-2003's first
+    blocks (-DOCSTART- blocks included) and SST-2's first rows."""
+    root = tmp_path_factory.mktemp("tasks")
+    (root / "conll2003").mkdir()
+    for name, n in (("train", 130), ("valid", 45), ("test", 45)):
+        blocks = (CONLL / f"{name}.txt").read_text("utf-8").split("\n\n")[:n]
+        (root / "conll2003" / f"{name}.txt").write_text("\n\n".join(blocks) + "\n\n", "utf-8")
+    (root / "sst2").mkdir()
+    for name, n in (("train", 300), ("dev", 80)):
+        lines = (SST2 / f"{name}.tsv").read_text("utf-8").splitlines(keepends=True)[: n + 1]
+        (root / "sst2" / f"{name}.tsv").write_text("".join(lines), "utf-8")
+    return root
+
+
+def fit_run(store: str, *overrides: str):
+    """A run (what the CLI runs) in this process; returns (cfg, run, results)."""
+    cfg = compose_cfg(f"tracking.uri={store}", *overrides)
+    run_id, results = fit_here(cfg)
+    return cfg, MlflowClient(store).get_run(run_id), results
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The packaged MiniLM's tokenizer (the tiny model's too)."""
