@@ -9,6 +9,8 @@ import math
 import statistics
 from pathlib import Path
 
+from ablate.tables import markdown_table
+
 RECIPE_NAMES = {
     "plain": "plain fp32",
     "plain_bf16": "plain bf16 (`bf16=True`)",
@@ -51,15 +53,12 @@ def _cell(value, fmt: str) -> str:
     return fmt.format(value)
 
 
-HEAD = (
-    "| model | strategy | recipe | train s/epoch | × plain fp32 | × plain bf16 | eval s "
-    "| × plain bf16 eval | peak GPU MiB | tokens/s | dev acc (%) |\n"
-    "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n"
-)
-PROFILE_HEAD = (
-    "| model | strategy | recipe | step ms (profiled) | host ops per step | GPU kernels per step "
-    "| GPU busy ms per step | optimizer ms per step |\n|---|---|---|--:|--:|--:|--:|--:|\n"
-)
+COLUMNS = ["model", "strategy", "recipe", "train s/epoch", "× plain fp32", "× plain bf16",
+           "eval s", "× plain bf16 eval", "peak GPU MiB", "tokens/s", "dev acc (%)"]  # fmt: skip
+PROFILE_COLUMNS = ["model", "strategy", "recipe", "step ms (profiled)", "host ops per step",
+                   "GPU kernels per step", "GPU busy ms per step",
+                   "optimizer ms per step"]  # fmt: skip
+GRID_COLUMNS = ["the grid, as it runs", "wall time (s)", "jobs finished"]
 
 
 def _ratio(row: dict, base, key: str) -> float | None:
@@ -72,7 +71,7 @@ def _ratio(row: dict, base, key: str) -> float | None:
 def table(rows: dict, models: list[str], freezes: list[str], recipes: list[str]) -> str:
     """The markdown table of ``rows`` ((model, freeze, recipe) -> ``summarise``'s dict, or a
     string saying why the job has no numbers)."""
-    lines = [HEAD]
+    lines = []
     for model in models:
         for freeze in freezes:
             fp32, bf16 = (rows.get((model, freeze, r)) for r in ("plain", "plain_bf16"))
@@ -80,9 +79,10 @@ def table(rows: dict, models: list[str], freezes: list[str], recipes: list[str])
                 row = rows.get((model, freeze, recipe), "not run")
                 label = [model if i == 0 else "", freeze if i == 0 else "", recipe_name(recipe)]
                 if isinstance(row, str):
-                    lines.append("| " + " | ".join([*label, row, *["—"] * 7]) + " |\n")
+                    lines.append([*label, row, *["—"] * 7])
                     continue
-                cells = [
+                lines.append([
+                    *label,
                     _cell(row["train_s"], "{:.2f}"),
                     _cell(_ratio(row, fp32, "train_s"), "{:.2f}"),
                     _cell(_ratio(row, bf16, "train_s"), "{:.2f}"),
@@ -91,29 +91,27 @@ def table(rows: dict, models: list[str], freezes: list[str], recipes: list[str])
                     _cell(row["peak_gpu_mb"], "{:.0f}"),
                     _cell(row["tokens_per_s"], "{:.0f}"),
                     _cell(row["dev_acc"], "{:.2f}"),
-                ]
-                lines.append("| " + " | ".join([*label, *cells]) + " |\n")
-    return "".join(lines)
+                ])  # fmt: skip
+    return markdown_table(lines, COLUMNS, right=COLUMNS[3:])
 
 
 def profile_table(jobs: list[dict]) -> str:
     """The profile phase's jobs, one row each (``gpu_profile.summarise``'s numbers)."""
-    lines = [PROFILE_HEAD]
     rank = {r: i for i, r in enumerate(RECIPE_NAMES)}
+    lines = []
     for job in sorted(jobs, key=lambda j: (j["job"], rank.get(j["recipe"], len(rank)))):
         model, freeze = job["job"].split("/", 1)
         p = job.get("profile") or {}
         cells = [_cell(p.get(k), f) for k, f in (
             ("step_ms", "{:.1f}"), ("ops_per_step", "{:.0f}"), ("kernels_per_step", "{:.0f}"),
             ("gpu_busy_ms", "{:.2f}"), ("optimizer_ms", "{:.2f}"))]  # fmt: skip
-        label = [model, freeze, recipe_name(job["recipe"])]
-        lines.append("| " + " | ".join([*label, *cells]) + " |\n")
-    return "".join(lines)
+        lines.append([model, freeze, recipe_name(job["recipe"]), *cells])
+    return markdown_table(lines, PROFILE_COLUMNS, right=PROFILE_COLUMNS[3:])
 
 
 def grid_table(grid: dict) -> str:
     """The grid's wall times: ablate's sweep, plain's jobs one after another, their ratio."""
-    lines = ["| the grid, as it runs | wall time (s) | jobs finished |\n|---|--:|--:|\n"]
+    lines = []
     for key in ("ablate", "plain"):
         part = grid.get(key)
         if not part:
@@ -121,11 +119,11 @@ def grid_table(grid: dict) -> str:
         wall = _cell(part.get("wall_s"), "{:.1f}")
         if part.get("cut"):
             wall = f"> {wall} (cut at the time budget)"
-        lines.append(f"| {part['how']} | {wall} | {part['finished']} of {part['jobs']} |\n")
+        lines.append([part["how"], wall, f"{part['finished']} of {part['jobs']}"])
     a, p = grid.get("ablate") or {}, grid.get("plain") or {}
     if a.get("wall_s") and p.get("wall_s") and not a.get("cut") and not p.get("cut"):
-        lines.append(f"| ablate / plain | {a['wall_s'] / p['wall_s']:.2f} | |\n")
-    return "".join(lines)
+        lines.append(["ablate / plain", f"{a['wall_s'] / p['wall_s']:.2f}", ""])
+    return markdown_table(lines, GRID_COLUMNS, right=GRID_COLUMNS[1:])
 
 
 def describe(args, notes: dict, commit: str, cpus: int, argv: list[str]) -> dict:
@@ -168,13 +166,13 @@ def describe(args, notes: dict, commit: str, cpus: int, argv: list[str]) -> dict
     }
 
 
-COLUMNS = (
+COLUMNS_SAID = (
     "train s/epoch and tokens/s (non-pad training tokens per second) are the mean over the "
     "epochs after the first, which pays the process's CUDA start-up; eval s is the dev "
     "evaluation after those epochs; dev acc after the last epoch; × plain fp32 and × plain bf16 "
     "are the train time's ratios to those recipes', × plain bf16 eval the evaluation time's."
 )
-PROFILE_COLUMNS = (
+PROFILE_SAID = (
     "Per step: its wall time under the profiler (which slows the host), the host ops that "
     "launch work (aten leaf ops other than views), the GPU kernels and their busy time, and the "
     "optimizer's host time."
@@ -189,9 +187,9 @@ def document(meta: dict, body: str, grid: str, profile: str = "") -> str:
         f"Command: `{meta['command']}`",
     ]
     parts = [
-        (f"{meta['settings']} {COLUMNS}", body),
+        (f"{meta['settings']} {COLUMNS_SAID}", body),
         (meta["grid_settings"], grid),
-        (f"{meta.get('profile_settings')} {PROFILE_COLUMNS}", profile),
+        (f"{meta.get('profile_settings')} {PROFILE_SAID}", profile),
     ]
     for settings, part in parts:
         if part:
