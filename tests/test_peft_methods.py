@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ROOT, compose_cfg, fit_here, slice_overrides
+from conftest import ROOT, UNPIN, compose_cfg, fit_here, slice_overrides
 from mlflow.tracking import MlflowClient
 from peft.tuners.lokr.layer import factorization
 from test_keep_model import logged, predicted, train
-from test_tasks import UNPIN, task_root  # noqa: F401 (a fixture)
 from transformers import DistilBertConfig
 
 from ablate import strategies, tasks
