@@ -133,8 +133,8 @@ def test_a_job_submitit_requeues_continues_the_same_run(long_root, tmp_path):
 def test_sigterm_to_a_parallel_sweep_stops_its_workers_and_ends_every_run_killed(
     long_root, tmp_path
 ):
-    """``kill`` of a joblib sweep's process: it passes the signal on to its workers. Before, the
-    process died at once and its workers trained on, writing to the store, then took more jobs."""
+    """``kill`` of a joblib sweep's process: it passes the signal on to its workers, so none trains
+    on, writes to the store or takes another job after the sweep is gone."""
     import psutil
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
