@@ -311,12 +311,11 @@ def _train_config(data: type, trainer: type) -> type:
     return made
 
 
-DataConfig = _with_switches("DataConfig", DataCore, "data")
-TrainerConfig = _with_switches("TrainerConfig", TrainerCore, "trainer")
-TrainConfig = _train_config(DataConfig, TrainerConfig)
-GROUPS = {"data": DataConfig, "model": ModelConfig, "freeze": FreezeConfig,
-          "trainer": TrainerConfig, "tracking": TrackingConfig,
-          "lr_study": LrStudyConfig}  # fmt: skip
+# The groups' schemas; ``register`` puts in data's and trainer's, with the switches' fields.
+GROUPS: dict[str, type] = {"data": DataCore, "model": ModelConfig, "freeze": FreezeConfig,
+                           "trainer": TrainerCore, "tracking": TrackingConfig,
+                           "lr_study": LrStudyConfig}  # fmt: skip
+_registered_switches = -1  # how many switches the registered schema holds
 
 
 def schema_keys() -> Iterator[tuple[str, dataclasses.Field]]:
@@ -338,9 +337,13 @@ def flags(name: str) -> dict[str, Any]:
 
 def register() -> None:
     """Load the extensions not loaded yet (``ablate.extensions``), then register resolvers and
-    the schema with every switch declared so far; safe to call more than once."""
-    global DataConfig, TrainerConfig, TrainConfig
+    the schema with every switch declared so far; again only where a switch was declared since
+    (an extension loaded later)."""
+    global DataConfig, TrainerConfig, TrainConfig, _registered_switches
     extensions.load()
+    if _registered_switches == len(switches.SWITCHES):
+        return
+    _registered_switches = len(switches.SWITCHES)
     _register_resolvers()
     DataConfig = _with_switches("DataConfig", DataCore, "data")
     TrainerConfig = _with_switches("TrainerConfig", TrainerCore, "trainer")

@@ -79,7 +79,7 @@ SWITCHES: list[Switch] = [
         IDENTICAL,
         "also log the executed training FLOPs per epoch and per second (every run logs its total, "
         "`train_flops`)",
-        plugin="core",
+        plugin=CORE,
         legacy_identity=True,
     ),  # fmt: skip
     Switch(
@@ -90,7 +90,7 @@ SWITCHES: list[Switch] = [
         IDENTICAL,
         "tokenised splits kept as Hugging Face datasets cache files, reused by the next job of a "
         "sweep (tag `data.cache`: hit, miss)",
-        plugin="core",
+        plugin=CORE,
     ),  # fmt: skip
     Switch(
         "data.tokenized_cache_dir",
@@ -99,7 +99,7 @@ SWITCHES: list[Switch] = [
         {"cpu": "~/.cache/ablate/tokenized", "cuda": "~/.cache/ablate/tokenized"},
         IDENTICAL,
         "folder of the tokenised cache; null = <user cache>/ablate/tokenized",
-        plugin="core",
+        plugin=CORE,
     ),  # fmt: skip
 ]
 
