@@ -196,16 +196,16 @@ class FakeRecorder:
         pass
 
 
-def fit_here(cfg):
-    """One run of ``cfg`` in this process, as the CLI runs it: prepared, then tracked and fit.
-    Returns (run id, results)."""
+def fit_here(cfg, prepared=None):
+    """One run of ``cfg`` in this process, as the CLI runs it: prepared (unless ``prepared`` is
+    given), then tracked and fit. Returns (run id, results)."""
     from ablate.strategies import STRATEGIES
     from ablate.tracking.run import start_run
     from ablate.training import checkpoints
     from ablate.training.fit import fit
     from ablate.training.prepare import prepare
 
-    prepared = prepare(cfg)
+    prepared = prepared if prepared is not None else prepare(cfg)
     keys = STRATEGIES[cfg.freeze.strategy].keys
     with start_run(cfg, prepared.files.sha256, keys, checkpoints.resumable) as run:
         results = fit(cfg, prepared, run)

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from conftest import compose_cfg, slice_overrides
+from conftest import compose_cfg, fit_here, slice_overrides
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
@@ -23,15 +23,24 @@ SENTENCE = "di man don go market"
 
 def train(slice_root, store, tmp_path, *overrides):
     """A real run in this process: its run id and prepared inputs."""
-    from ablate.tracking.run import start_run
-    from ablate.training.fit import fit
     from ablate.training.prepare import prepare
 
     cfg = compose_cfg(*slice_overrides(slice_root, store, tmp_path), *overrides)
     prepared = prepare(cfg)
-    with start_run(cfg, prepared.files.sha256) as run:
-        fit(cfg, prepared, run)
-    return run.id, prepared
+    run_id, _ = fit_here(cfg, prepared)
+    return run_id, prepared
+
+
+def kept_minilm_run(slice_root, store, tmp_path, monkeypatch, *overrides):
+    """A short real run of the packaged MiniLM with ``overrides``, whose kept model's
+    ``runs:/<id>/model`` then resolves (the store is the process's tracking URI): its run id and
+    prepared inputs."""
+    found = train(
+        slice_root, store, tmp_path, "model=minilm", "trainer.epochs=1",
+        "data.max_train_sentences=48", *overrides,
+    )  # fmt: skip
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    return found
 
 
 def logged(store: str, run_id: str, tmp_path: Path, path: str):
@@ -110,11 +119,9 @@ def test_keep_model_false_keeps_no_model_and_test_predictions_are_logged(
 def test_a_lora_run_keeps_its_adapter_which_loads_over_the_encoder(
     slice_root, store, tmp_path, monkeypatch
 ):
-    run_id, prepared = train(
-        slice_root, store, tmp_path, "model=minilm", "freeze=lora", "trainer.lr=2e-3",
-        "trainer.epochs=1", "data.max_train_sentences=48",
-    )  # fmt: skip
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    run_id, prepared = kept_minilm_run(
+        slice_root, store, tmp_path, monkeypatch, "freeze=lora", "trainer.lr=2e-3"
+    )
     local = Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/model"))
     files = {str(f.relative_to(local)) for f in local.rglob("*") if f.is_file()}
     assert "adapter/adapter_model.safetensors" in files

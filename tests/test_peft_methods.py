@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT, UNPIN, compose_cfg, fit_here, slice_overrides
 from mlflow.tracking import MlflowClient
 from peft.tuners.lokr.layer import factorization
-from test_keep_model import logged, predicted, train
+from test_keep_model import kept_minilm_run, logged, predicted, train
 from transformers import DistilBertConfig
 
 from ablate import strategies, tasks
@@ -225,11 +225,9 @@ def test_a_random_encoder_is_kept_whole_with_the_method_merged_in(option, task):
 def test_a_trained_adalora_adapter_is_kept_pruned_and_loads(
     slice_root, store, tmp_path, monkeypatch
 ):
-    run_id, prepared = train(
-        slice_root, store, tmp_path, "model=minilm", "freeze=adalora", "trainer.lr=5e-3",
-        "trainer.epochs=1", "data.max_train_sentences=48",
-    )  # fmt: skip
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    run_id, prepared = kept_minilm_run(
+        slice_root, store, tmp_path, monkeypatch, "freeze=adalora", "trainer.lr=5e-3"
+    )
     tagger = keep.load(f"runs:/{run_id}/model")
     config = tagger.model.peft_config["default"]
     assert sum(sum(mask) for mask in config.rank_pattern.values()) == 8 * 12  # pruned to r
