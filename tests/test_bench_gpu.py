@@ -74,7 +74,8 @@ def test_the_gpu_tables_in_the_docs_are_the_measured_runs_rendered():
     assert any(p.name.startswith("gpu-") for p in runs), "no measured GPU run is kept"
     for path in runs:
         saved = json.loads(path.read_text())
-        assert saved["meta"]["device"].startswith("NVIDIA" if path.name.startswith("gpu-") else "")
+        measured_on = "NVIDIA" if path.name.startswith("gpu-") else "CPU"  # as each is named
+        assert saved["meta"]["device"].startswith(measured_on), path.name
         rendered = gpu_table.render(saved)
         tables = [b for b in rendered.split("\n\n") if b.startswith("| ")]
         assert tables
