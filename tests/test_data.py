@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import DATA, EWT, NAIJA, ROOT, compose_cfg, conllu_blocks, write_treebank
@@ -12,6 +13,7 @@ from test_download import digest, server  # noqa: F401  (the real HTTP server fi
 
 from ablate import config
 from ablate.data import files
+from ablate.data.read import read_checked
 from ablate.data.sentences import check_labels
 from ablate.errors import AblateError
 from ablate.tasks.pos import UPOS, read_conllu
@@ -47,6 +49,42 @@ def test_word_counts_match_the_treebank_statistics():
     assert len(sentences) == 990
     assert sum(len(s.words) for s in sentences) == 14571
     check_labels(sentences, UPOS, "naija dev")
+
+
+parsed: list[Path] = []
+
+
+def counted_read(path, lowercase=False):
+    """read_conllu, noting each file it really parses."""
+    parsed.append(path)
+    return read_conllu(path, lowercase=lowercase)
+
+
+def test_read_cache_serves_the_same_bytes_again_and_never_an_error(tmp_path):
+    blocks = conllu_blocks(NAIJA / "pcm_nsc-ud-dev.conllu")[:30]
+    first, copy = tmp_path / "a.conllu", tmp_path / "copy" / "b.conllu"
+    first.write_text("\n".join(blocks), encoding="utf-8")
+    copy.parent.mkdir()
+    shutil.copy(first, copy)
+    cache, parsed[:] = tmp_path / "cache", []
+
+    def read(path, lowercase=False):
+        return read_checked(path, counted_read, UPOS, lowercase, cache, files.sha256_of(path))
+
+    direct = read_conllu(first)
+    assert read(first) == direct and parsed == [first]
+    assert read(copy) == direct and parsed == [first]  # a copy's bytes: from the cache
+    assert read(first, lowercase=True)[0].words == tuple(w.lower() for w in direct[0].words)
+    assert len(parsed) == 2  # lowercased is another entry
+    first.write_text("\n".join(blocks[:10]), encoding="utf-8")
+    assert read(first) == direct[:10] and len(parsed) == 3  # new bytes are parsed
+    bad = tmp_path / "bad.conllu"
+    bad.write_text("\n".join(blocks[:2]).replace("\tNOUN\t", "\tNOUN2\t", 1), encoding="utf-8")
+    for _ in range(2):  # an error is raised each time, never served from the cache
+        with pytest.raises(AblateError, match="bad.conllu:.*'NOUN2'"):
+            read(bad)
+    assert parsed[-2:] == [bad, bad]
+    assert read_checked(copy, counted_read, UPOS, False) == direct and parsed[-1] == copy  # off
 
 
 def test_label_outside_the_upos_inventory_names_file_line_and_tag(tmp_path):

@@ -393,6 +393,7 @@ def test_real_sweep_reuses_tokenisation_and_trains_on_the_cached_prefix(
     info = {s: run_info(store, r.info.run_id) for s, r in runs.items()}
     assert info["1"]["data"]["tokenized_cache"] == "miss"
     assert info["2"]["data"]["tokenized_cache"] == "hit"
+    assert len(list((tmp_path / "tokenized" / "read").rglob("output.pkl"))) == 3  # the splits read
     for seed, run in runs.items():
         speed = info[seed]["speed"]
         assert speed["cache_frozen"] == "embeddings + blocks 0-3"

@@ -88,8 +88,8 @@ SWITCHES: list[Switch] = [
         True,
         {"cpu": True, "cuda": True},
         IDENTICAL,
-        "tokenised splits kept as Hugging Face datasets cache files, reused by the next job of a "
-        "sweep (tag `data.cache`: hit, miss)",
+        "split files kept as read (joblib, in `read/`) and tokenised (Hugging Face datasets "
+        "cache files), reused by the next job of a sweep (tag `data.cache`: hit, miss)",
         plugin=CORE,
     ),  # fmt: skip
     Switch(

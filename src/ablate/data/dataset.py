@@ -60,7 +60,8 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _code_version(fn) -> str:
+def code_version(fn) -> str:
+    """sha256 of the source file that defines ``fn`` (its repr where there is none)."""
     try:
         source = Path(inspect.getsourcefile(fn)).read_bytes()
     except (TypeError, OSError):
@@ -83,7 +84,7 @@ def fingerprint(
         "format": FORMAT,
         "source": source,
         "encoder": f"{encode.__module__}.{encode.__qualname__}",
-        "encoder_source": _code_version(encode),
+        "encoder_source": code_version(encode),
         "tokenizer": tokenizer_id,
         "labels": sorted(label2id.items(), key=lambda kv: kv[1]),
         "max_length": max_length,

@@ -96,13 +96,13 @@ def prepare(cfg: DictConfig) -> Prepared:
     arguments.check(cfg)
     check_switches(cfg)
     files = locate(cfg.data)
-    sentences, held = read_splits(cfg.data, files, task.read, task.labels)
+    d = cfg.data
+    cache = Path(d.tokenized_cache_dir or default_dir()) if d.tokenized_cache else None
+    sentences, held = read_splits(d, files, task.read, task.labels, cache)
     extra_sentences = read_extra_tests(cfg, task)
 
     tokenizer = load_tokenizer(cfg.model)
     label2id = {name: i for i, name in enumerate(task.labels)}
-    d = cfg.data
-    cache = Path(d.tokenized_cache_dir or default_dir()) if d.tokenized_cache else None
     encoded = encode_splits(
         sentences, task.encode, tokenizer, label2id, d.max_length, cache, files.sha256
     )
