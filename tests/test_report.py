@@ -418,3 +418,13 @@ def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(g
     dots = [float(y) for c in fig.axes[0].collections for _, y in c.get_offsets()]
     loaded = df[(df.freeze == "none") & (df.seed == 1)].train_time_s.iloc[0]
     assert calm in dots and loaded not in dots and len(dots) == 3
+    # the chart marks what the table marks, and says why; a calm grid has no mark
+    marks = [t.get_text() for t in fig.axes[0].texts if t.get_text().endswith("*")]
+    assert len(marks) == 1 and marks[0].endswith(" % *")  # all's; none has a calm seed
+    assert "*: timed only on a loaded" in fig._suptitle.get_text()
+    calm_df = df.assign(load_per_cpu=0.5)
+    fig = charts.train_time(
+        report.build(report.Runs(calm_df, runs.history, runs.params, runs.source))
+    )
+    assert not [t for t in fig.axes[0].texts if "*" in t.get_text()]
+    assert "loaded" not in fig._suptitle.get_text()

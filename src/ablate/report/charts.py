@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
-from ablate.report.cell import unloaded
+from ablate.report.cell import LOADED, unloaded
 from ablate.report.recipe import DEFAULTS, named
 from ablate.report.summary import STRATEGY_ORDER, Report
 
@@ -250,7 +250,7 @@ def train_time(report: Report):
     """Training time per strategy (seeds as dots) and the savings in time and params vs baseline."""
     with _style():
         fig, axes = _figure(report, rows=2)
-        b = report.baseline
+        b, marked = report.baseline, False
         for col, panel in enumerate(_panels(report)):
             top, bottom = axes[0, col], axes[1, col]
             s = report.summary[report.summary.panel == panel].reset_index(drop=True)
@@ -271,12 +271,17 @@ def train_time(report: Report):
                 jitter=0.12, ax=top,
             )  # fmt: skip
             for i, r in s.iterrows():
-                if r.strategy != b and not math.isnan(r.time_savings_pct):
+                mark = " *" if r.load_per_cpu > LOADED else ""  # as the table marks it
+                label = "" if r.strategy == b or math.isnan(r.time_savings_pct) else (
+                    f"{-r.time_savings_pct:+.0f} %"
+                )  # fmt: skip
+                if label or mark:
                     y = max(r.train_time_s, runs[runs.freeze == r.strategy].train_time_s.max())
                     top.annotate(
-                        f"{-r.time_savings_pct:+.0f} %", (i, y), xytext=(0, 3),
+                        (label + mark).strip(), (i, y), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=7,
                     )  # fmt: skip
+            marked = marked or bool((s.load_per_cpu > LOADED).any())
             _baseline_line(top, _base_value(s, report, "train_time_s"), f"{b} (baseline)")
             top.set(xlabel="", ylabel="train time (s), no dev evaluation")
             top.set_title(_panel_title(report, panel))
@@ -311,7 +316,8 @@ def train_time(report: Report):
             bottom.set(xlabel="freezing strategy", ylabel=f"saving vs {b} (%)")
             _strategy_ticks(top, order)
             _strategy_ticks(bottom, [t.get_text() for t in bottom.get_xticklabels()])
+        loaded = "; *: timed only on a loaded machine, compare with care" if marked else ""
         _titles(fig, report, "Training time per strategy and savings vs the baseline",
                 "time spent training (dev evaluation excluded); bars: mean over seeds, "
-                f"dots: seeds; labels: change vs {b}")  # fmt: skip
+                f"dots: seeds; labels: change vs {b}{loaded}")  # fmt: skip
     return fig
