@@ -203,9 +203,9 @@ def test_a_grid_logged_by_an_editor_and_reported_by_a_reader(
 ):
     monkeypatch.setenv(ENV_USER, team.ed[0])  # the editor's credentials, from the environment
     monkeypatch.setenv(ENV_PASSWORD, team.ed[1])
-    # three sweeps of two joblib workers at once: the server, not the jobs, takes the
-    # concurrency
-    three_sweeps_at_once(slice_root, team.uri, tmp_path)
+    # three sweeps at once, a job each (test_scale runs them with two workers on sqlite): the
+    # server takes their concurrent writes
+    three_sweeps_at_once(slice_root, team.uri, tmp_path, jobs=1)
     runs = logged_runs(team.uri, "w0")
     client = MlflowClient(team.uri)
     # artifacts went through the server into its artifact root
@@ -227,7 +227,7 @@ def test_a_grid_logged_by_an_editor_and_reported_by_a_reader(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{len(runs)} runs used" in proc.stdout
-    assert sorted(pd.read_csv(out / "summary.csv").strategy) == ["all", "none"]
+    assert list(pd.read_csv(out / "summary.csv").strategy) == ["none"]
 
 
 def test_a_server_beyond_loopback_needs_authentication_and_names_this_host(tmp_path):
