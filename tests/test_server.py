@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
+import psutil
 import psycopg2
 import pytest
 import requests
@@ -101,6 +102,15 @@ def test_make_server_asks_for_a_password_and_keeps_it_to_its_owner(team):
     assert status(team.uri, ("admin", "not-the-password")) == 401
     assert status(team.uri, ("stranger", "a-password-123")) == 401
     assert status(team.uri, team.admin) == 200
+
+
+def test_the_server_starts_no_mlflow_job_runners(team):
+    # MLflow's GenAI job execution would add a runner and huey consumers of ~240 MB each
+    pid = json.loads((team.folder / server.STATE).read_text())["mlflow_pid"]
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    commands = [" ".join(p.cmdline()) for p in tree]
+    assert any("uvicorn" in c for c in commands), commands  # the server's own workers
+    assert not [c for c in commands if "huey" in c or "_job_runner" in c]
 
 
 def test_the_database_lets_in_only_the_server(team):

@@ -8,6 +8,7 @@ import subprocess
 import time
 import urllib.request
 
+import psutil
 from conftest import ROOT
 from mlflow.tracking import MlflowClient
 
@@ -55,6 +56,9 @@ def test_make_ui_prints_each_experiments_runs_page_and_serves_it(store):
                 time.sleep(0.5)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
             assert r.status == 200 and b"<html" in r.read().lower()  # the UI itself
+        # without MLflow's GenAI job runner and its huey consumers
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert not [p.cmdline() for p in tree if "huey" in " ".join(p.cmdline())]
     finally:
         os.killpg(proc.pid, 15)  # make and the server it started, nothing else
         proc.wait(timeout=30)

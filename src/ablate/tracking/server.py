@@ -42,6 +42,7 @@ from ablate.tracking.auth import (
 )
 from ablate.tracking.postgres import client_env, start_postgres, stop_postgres
 from ablate.tracking.serverfiles import CREDENTIALS, STATE, local_uri
+from ablate.tracking.ui import NO_JOBS
 
 ADMIN = "admin"
 AUTH_CONFIG, AUTH_DB, SECRET = "basic_auth.ini", "basic_auth.db", "flask_secret"
@@ -157,7 +158,7 @@ def _start_mlflow(
     (folder / "artifacts").mkdir(exist_ok=True)
     host = state.get("host", "127.0.0.1")
     log = open(folder / "mlflow.log", "ab")  # noqa: SIM115  (the server outlives this function)
-    env = {**client_env(folder), "MLFLOW_DISABLE_TELEMETRY": "true", **auth_env}
+    env = {**NO_JOBS, **client_env(folder), "MLFLOW_DISABLE_TELEMETRY": "true", **auth_env}
     cmd = [
         sys.executable, "-m", "mlflow", "server",
         "--backend-store-uri", db_url,

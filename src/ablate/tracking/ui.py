@@ -14,6 +14,10 @@ import sys
 from ablate.config import default_tracking_uri
 
 TRAINING_VIEW = "workflowType=machine_learning"
+# MLflow's job execution (GenAI jobs: prompt optimisation, scorers, trace roll-ups) starts a job
+# runner and 7 huey consumers of ~240 MB each with every server; ablate's runs use none of it.
+# Off unless the environment turns it on.
+NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 HOST, PORT = "127.0.0.1", "5000"  # make ui's (the Makefile's PORT)
 
 
@@ -50,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         print("  no runs yet: `make run` trains one")
     sys.stdout.flush()
     command = ["mlflow", "ui", "--backend-store-uri", args.uri, "--host", args.host]
+    for key, value in NO_JOBS.items():
+        os.environ.setdefault(key, value)
     os.execvp(sys.executable, [sys.executable, "-m", *command, "--port", str(args.port)])
 
 
