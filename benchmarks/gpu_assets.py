@@ -38,7 +38,7 @@ LIMIT_MIB = 64  # what a device call carries: the working tree and FOLDER togeth
 CARRIED = (
     # ablate's own requirements the image lacks, or may hold at another version
     "transformers", "peft", "hydra-core", "omegaconf", "antlr4-python3-runtime",
-    "hydra-joblib-launcher", "conllu", "datasets", "pooch", "mlflow-skinny",
+    "hydra-joblib-launcher", "joblib", "conllu", "datasets", "pooch", "mlflow-skinny",
     # what those import when a run or a sweep runs
     "regex", "fsspec", "dill", "multiprocess", "platformdirs", "sqlalchemy", "alembic", "mako",
     "pydantic", "pydantic-core", "annotated-types", "cachetools", "databricks-sdk", "google-auth",
