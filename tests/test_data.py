@@ -86,6 +86,14 @@ def test_read_cache_serves_the_same_bytes_again_and_never_an_error(tmp_path):
     assert parsed[-2:] == [bad, bad]
     assert read_checked(copy, counted_read, UPOS, False) == direct and parsed[-1] == copy  # off
 
+    def local(path, lowercase=False):  # a reader that cannot be pickled is cached by its name
+        return counted_read(path, lowercase)
+
+    before = len(parsed)
+    for _ in range(2):
+        assert read_checked(copy, local, UPOS, False, cache, files.sha256_of(copy)) == direct
+    assert parsed[before:] == [copy]  # new to this reader, then from the cache
+
 
 def test_label_outside_the_upos_inventory_names_file_line_and_tag(tmp_path):
     blocks = conllu_blocks(NAIJA / "pcm_nsc-ud-dev.conllu")[:2]

@@ -60,9 +60,12 @@ def read_checked(
     import joblib
 
     memory = joblib.Memory(Path(cache_dir).expanduser() / "read", verbose=0)
-    # the path is not part of the key: the same bytes elsewhere (a copy) read the same
-    cached = memory.cache(_read, ignore=["path"])
-    return cached(path, read, inventory, lowercase, sha256=sha256, code=_reader_version(read))
+    # Neither the path (the same bytes elsewhere, a copy, read the same) nor the reader object
+    # (a local function cannot be pickled for the hash) is part of the key: its name and code are.
+    cached = memory.cache(_read, ignore=["path", "read"])
+    reader = f"{read.__module__}.{read.__qualname__}"
+    return cached(path, read, inventory, lowercase, sha256=sha256, reader=reader,
+                  code=_reader_version(read))  # fmt: skip
 
 
 def read_splits(
