@@ -17,6 +17,7 @@ from ablate.data.read import read_checked
 from ablate.data.sentences import check_labels
 from ablate.errors import AblateError
 from ablate.tasks.pos import UPOS, read_conllu
+from ablate.training.prepare import cache_dir
 
 # EWT dev sentence with a multiword token (1-2 It's) and two empty nodes (10.1, 21.1).
 MWT_AND_EMPTY = "answers-20111108072305AAPJTjj_ans-0005"
@@ -93,6 +94,16 @@ def test_read_cache_serves_the_same_bytes_again_and_never_an_error(tmp_path):
     for _ in range(2):
         assert read_checked(copy, local, UPOS, False, cache, files.sha256_of(copy)) == direct
     assert parsed[before:] == [copy]  # new to this reader, then from the cache
+
+
+def test_a_cache_folder_that_cannot_be_made_is_one_error_naming_the_key(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    cfg = compose_cfg(f"data.tokenized_cache_dir={tmp_path / 'a-file' / 'cache'}")
+    with pytest.raises(AblateError, match=r"data.tokenized_cache_dir=.*a-file/cache: cannot keep"):
+        cache_dir(cfg.data)
+    assert cache_dir(compose_cfg("data.tokenized_cache=false").data) is None
+    made = tmp_path / "new" / "cache"
+    assert cache_dir(compose_cfg(f"data.tokenized_cache_dir={made}").data) == made and made.is_dir()
 
 
 def test_label_outside_the_upos_inventory_names_file_line_and_tag(tmp_path):

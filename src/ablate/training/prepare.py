@@ -5,6 +5,7 @@ behind."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,27 @@ def check_switches(cfg: DictConfig) -> None:
             raise AblateError(f"{switch.key}={value!r} is not one of {', '.join(switch.choices)}")
 
 
+def cache_dir(data: DictConfig) -> Path | None:
+    """The read and tokenised cache's folder (``data.tokenized_cache_dir``), created; None with
+    the cache off. A folder that cannot be written is an error naming the key."""
+    if not data.tokenized_cache:
+        return None
+    path = Path(data.tokenized_cache_dir or default_dir()).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except OSError as exc:
+        writable, why = False, exc.strerror
+    else:
+        why = "not writable"
+    if not writable:
+        raise AblateError(
+            f"data.tokenized_cache_dir={path}: cannot keep the cache there ({why}); choose a "
+            f"writable folder, or data.tokenized_cache=false"
+        )
+    return path
+
+
 def prepare(cfg: DictConfig) -> Prepared:
     """Load and check everything ``cfg`` needs, in this process; nothing is recorded."""
     threads = torch_threads(cfg)
@@ -97,7 +119,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     check_switches(cfg)
     files = locate(cfg.data)
     d = cfg.data
-    cache = Path(d.tokenized_cache_dir or default_dir()) if d.tokenized_cache else None
+    cache = cache_dir(d)
     sentences, held = read_splits(d, files, task.read, task.labels, cache)
     extra_sentences = read_extra_tests(cfg, task)
 
