@@ -146,7 +146,7 @@ def run_phase(name: str, cmd: list[str], args, state: dict) -> dict:
     if left < MIN_PHASE_S:
         return {"skipped": f"{left:.0f} s of the budget left"}
     log_path = state["work"] / f"{name}.log"
-    t0 = time.monotonic()
+    started, t0 = time.time(), time.monotonic()
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=state["env"],
                                 cwd=state["work"], start_new_session=True)  # fmt: skip
@@ -159,7 +159,7 @@ def run_phase(name: str, cmd: list[str], args, state: dict) -> dict:
         finally:
             if proc.poll() is None:  # interrupted: no process of the phase outlives the bench
                 _stop(proc)
-    phase = {"wall_s": time.monotonic() - t0, "rc": rc, "cut": cut}
+    phase = {"wall_s": time.monotonic() - t0, "rc": rc, "cut": cut, "started": started}
     state["logs"][name] = log_path
     print(f"{name}: {phase['wall_s']:.1f} s, exit {rc}{' (cut at the budget)' if cut else ''}",
           flush=True)  # fmt: skip
@@ -273,6 +273,11 @@ def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> Non
         "jobs": n, "finished": finished_runs(uri, experiment) if "skipped" not in phase else 0,
         "command": "python -m ablate.train " + " ".join(cmd[4:]), **phase,
     }  # fmt: skip
+    if "skipped" not in phase:  # where its wall time went, from the timestamps of its log
+        log = state["logs"]["grid-ablate"].read_text(errors="replace")
+        state["grid"]["ablate"]["timeline"] = gpu_table.timeline(
+            log, phase["started"], phase["wall_s"]
+        )
     gpu_table.write(args, state)
     jobs = [{"id": f"grid/{d}/{f}", "recipe": args.grid_plain,
              "overrides": [*data[d], f"freeze={f}", *common]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -109,8 +110,47 @@ def profile_table(jobs: list[dict]) -> str:
     return markdown_table(lines, PROFILE_COLUMNS, right=PROFILE_COLUMNS[3:])
 
 
+# A sweep's log line: Hydra's ``[time][HYDRA] ...``, a logger's ``[time][name][LEVEL] - ...``
+_LOG_LINE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[([^\]]+)\](?:\[\w+\] -)? (.*)$"
+)
+
+
+def timeline(log: str, started: float, wall_s: float) -> dict:
+    """Where a sweep's wall time went, from its log's timestamps (seconds after ``started``, the
+    command's start, a Unix time on the same clock): ``launch_s`` (Hydra launches the jobs),
+    ``first_done_s`` and ``last_done_s`` (a job's run FINISHED), ``end_s`` (the command ended,
+    after the sweep's report)."""
+    marks: dict[str, float] = {"end_s": wall_s}
+    for line in log.splitlines():
+        match = _LOG_LINE.match(line)
+        if not match:
+            continue
+        when, source, message = match.groups()
+        at = dt.datetime.strptime(when, "%Y-%m-%d %H:%M:%S,%f").timestamp() - started
+        if source == "HYDRA" and "aunching" in message:
+            marks.setdefault("launch_s", at)
+        elif source == "ablate" and message.startswith("run ") and " FINISHED" in message:
+            marks.setdefault("first_done_s", at)
+            marks["last_done_s"] = at
+    return marks
+
+
+def timeline_line(marks: dict) -> str:
+    """One sentence of ``timeline``'s marks, those present."""
+    said = {
+        "launch_s": "launched its jobs at {:.1f} s",
+        "first_done_s": "its first job finished at {:.1f} s",
+        "last_done_s": "its last at {:.1f} s",
+        "end_s": "and it ended at {:.1f} s (after its report)",
+    }
+    parts = [text.format(marks[key]) for key, text in said.items() if key in marks]
+    return "ablate's sweep " + ", ".join(parts) + "." if len(parts) > 1 else ""
+
+
 def grid_table(grid: dict) -> str:
-    """The grid's wall times: ablate's sweep, plain's jobs one after another, their ratio."""
+    """The grid's wall times: ablate's sweep, plain's jobs one after another, their ratio; then
+    where the sweep's time went, where its log was read."""
     lines = []
     for key in ("ablate", "plain"):
         part = grid.get(key)
@@ -123,7 +163,9 @@ def grid_table(grid: dict) -> str:
     a, p = grid.get("ablate") or {}, grid.get("plain") or {}
     if a.get("wall_s") and p.get("wall_s") and not a.get("cut") and not p.get("cut"):
         lines.append(["ablate / plain", f"{a['wall_s'] / p['wall_s']:.2f}", ""])
-    return markdown_table(lines, GRID_COLUMNS, right=GRID_COLUMNS[1:])
+    text = markdown_table(lines, GRID_COLUMNS, right=GRID_COLUMNS[1:])
+    said = timeline_line(a.get("timeline") or {})
+    return f"{text}\n\n{said}" if said else text
 
 
 def describe(args, notes: dict, commit: str, cpus: int, argv: list[str]) -> dict:

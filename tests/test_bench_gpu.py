@@ -45,10 +45,13 @@ def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkey
     grid = logged["grid"]
     assert grid["ablate"]["finished"] == grid["plain"]["finished"] == grid["ablate"]["jobs"] == 2
     assert "hydra/launcher=joblib hydra.launcher.n_jobs=2" in grid["ablate"]["command"]
+    marks = grid["ablate"]["timeline"]  # where the sweep's time went, read from its log
+    assert 0 < marks["launch_s"] < marks["first_done_s"] <= marks["last_done_s"] < marks["end_s"]
     text = (out / "bench-gpu.md").read_text()
     assert text.startswith("GPU bench: CPU, torch ")
     assert "| distilbert_multilingual | lora | plain fp32 |" in text
     assert "| ablate / plain |" in text and "2 of 2" in text
+    assert "ablate's sweep launched its jobs at " in text and "(after its report)." in text
     assert "WordPiece of" in text  # the multilingual shape's tokenizer, said in the notes
     log = (out / "bench-gpu.log").read_text()
     assert "===== table" in log and "===== grid-ablate" in log and "Sweep FINISHED" in log
