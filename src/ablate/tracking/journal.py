@@ -9,8 +9,10 @@ losing that record and the run's end (its async logging keeps a queue in memory 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Iterable, Mapping
@@ -39,6 +41,27 @@ def answers(uri: str, timeout: float = 2.0) -> bool:
         return True
     status = health(uri, timeout)
     return status is not None and status < 500
+
+
+# MLflow retries a request that finds no server for minutes (7 tries, exponential back-off),
+# holding training that long; a record the journal keeps needs no such wait. Its sends try
+# briefly, and an absent server is the journal's to handle.
+BRIEF_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+@contextlib.contextmanager
+def brief_retries():
+    """MLflow's HTTP requests in this block retry once, a second later (``BRIEF_RETRIES``)."""
+    saved = {key: os.environ.get(key) for key in BRIEF_RETRIES}
+    os.environ.update(BRIEF_RETRIES)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class Journal:
@@ -134,12 +157,13 @@ class Journal:
             return False
         while self._pending:
             try:
-                self._send(self._pending[0])
+                with brief_retries():
+                    self._send(self._pending[0])
             except Exception:
-                if answers(self.uri):
-                    raise
-                self._went_away()
-                return False
+                if not answers(self.uri):
+                    self._went_away()
+                    return False
+                self._send(self._pending[0])  # it answers: MLflow's own retries; a refusal raises
             self._pending.pop(0)
             self._mark_sent(self._sent + 1)
         if self.down_since is not None:
