@@ -128,7 +128,7 @@ def timeline(log: str, started: float, wall_s: float) -> dict:
             continue
         when, source, message = match.groups()
         at = dt.datetime.strptime(when, "%Y-%m-%d %H:%M:%S,%f").timestamp() - started
-        if source == "HYDRA" and "aunching" in message:
+        if source == "HYDRA" and "Launching" in message:
             marks.setdefault("launch_s", at)
         elif source == "ablate" and message.startswith("run ") and " FINISHED" in message:
             marks.setdefault("first_done_s", at)

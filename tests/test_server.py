@@ -110,6 +110,7 @@ def test_the_server_starts_no_mlflow_job_runners(team):
     tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     commands = [" ".join(p.cmdline()) for p in tree]
     assert any("uvicorn" in c for c in commands), commands  # the server's own workers
+    assert tree[0].environ()["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
     assert not [c for c in commands if "huey" in c or "_job_runner" in c]
 
 

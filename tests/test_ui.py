@@ -59,6 +59,8 @@ def test_make_ui_prints_each_experiments_runs_page_and_serves_it(store):
         # without MLflow's GenAI job runner and its huey consumers
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert not [p.cmdline() for p in tree if "huey" in " ".join(p.cmdline())]
+        ui = [p for p in tree if "mlflow" in p.cmdline() and "ui" in p.cmdline()]
+        assert ui and ui[0].environ()["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
     finally:
         os.killpg(proc.pid, 15)  # make and the server it started, nothing else
         proc.wait(timeout=30)

@@ -361,4 +361,15 @@ def compose(*overrides: str, hydra: bool = False) -> DictConfig:
         return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
 
 
+def composed(*overrides: str) -> DictConfig:
+    """``compose(*overrides)`` once per process, conf/ folder and schema (composing takes a third
+    of a second; a sweep's jobs and a report ask again): shared, so read only."""
+    return _composed(str(conf_dir()), len(switches.SWITCHES), overrides)
+
+
+@functools.cache
+def _composed(conf: str, n_switches: int, overrides: tuple[str, ...]) -> DictConfig:
+    return compose(*overrides)
+
+
 register()

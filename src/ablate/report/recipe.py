@@ -4,10 +4,9 @@ that a table or a chart read alone says which recipe its runs followed (``model 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ablate import config
 
@@ -40,11 +39,6 @@ _WORDS: dict[str, Callable[[str], str]] = {
 }
 
 
-@functools.cache
-def _composed(*overrides: str) -> DictConfig:
-    return config.compose(*overrides)
-
-
 def _options(data: str, model: str, treebank: str | None) -> tuple[str, ...]:
     """The overrides that choose this dataset and model, where ``conf/`` has them."""
     conf = config.conf_dir()
@@ -61,7 +55,7 @@ def _options(data: str, model: str, treebank: str | None) -> tuple[str, ...]:
 def default(key: str, data: str, model: str, treebank: str | None = None) -> str | None:
     """``key``'s value in the config composed with this dataset and model and nothing else, as
     MLflow logs it; None where the composed config lacks it."""
-    node = OmegaConf.select(_composed(*_options(data, model, treebank)), key, default=_ABSENT)
+    node = OmegaConf.select(config.composed(*_options(data, model, treebank)), key, default=_ABSENT)
     if node is _ABSENT:
         return None
     return str(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node)
@@ -74,7 +68,7 @@ def describe(settings: dict[str, str], data: str, model: str, name_model: bool =
     ``DEFAULTS`` where nothing differs."""
     treebank = settings.get("data.treebank")
     parts = {}
-    if name_model and model != str(_composed().model.name):  # conf/train.yaml's model
+    if name_model and model != str(config.composed().model.name):  # conf/train.yaml's model
         parts["model.name"] = f"model {model}"
     first = list(_WORDS)
     for key in sorted(settings, key=lambda k: (first.index(k) if k in first else len(first), k)):

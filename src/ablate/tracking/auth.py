@@ -64,10 +64,11 @@ def read_credentials(path: Path) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def as_user(username: str, password: str) -> Iterator[None]:
-    """MLflow's clients in this process authenticate as ``username`` inside the block."""
-    saved = {key: os.environ.get(key) for key in (ENV_USER, ENV_PASSWORD)}
-    os.environ[ENV_USER], os.environ[ENV_PASSWORD] = username, password
+def environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment inside the block (MLflow reads its settings
+    from there at each request), the earlier ones back after it."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -76,6 +77,11 @@ def as_user(username: str, password: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def as_user(username: str, password: str) -> contextlib.AbstractContextManager[None]:
+    """MLflow's clients in this process authenticate as ``username`` inside the block."""
+    return environ({ENV_USER: username, ENV_PASSWORD: password})
 
 
 def _get(uri: str, endpoint: str, timeout: float, **params):

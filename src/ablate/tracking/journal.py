@@ -9,10 +9,8 @@ losing that record and the run's end (its async logging keeps a queue in memory 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Iterable, Mapping
@@ -22,7 +20,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from ablate.errors import AblateError
-from ablate.tracking.auth import health
+from ablate.tracking.auth import environ, health
 
 log = logging.getLogger("ablate")
 
@@ -47,21 +45,6 @@ def answers(uri: str, timeout: float = 2.0) -> bool:
 # holding training that long; a record the journal keeps needs no such wait. Its sends try
 # briefly, and an absent server is the journal's to handle.
 BRIEF_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-
-
-@contextlib.contextmanager
-def brief_retries():
-    """MLflow's HTTP requests in this block retry once, a second later (``BRIEF_RETRIES``)."""
-    saved = {key: os.environ.get(key) for key in BRIEF_RETRIES}
-    os.environ.update(BRIEF_RETRIES)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 class Journal:
@@ -157,7 +140,7 @@ class Journal:
             return False
         while self._pending:
             try:
-                with brief_retries():
+                with environ(BRIEF_RETRIES):
                     self._send(self._pending[0])
             except Exception:
                 if not answers(self.uri):

@@ -46,18 +46,14 @@ def option_keys(freeze: str) -> frozenset[str]:
     records them when it runs (``OPTION_KEYS_TAG``), so a report reads them from the run."""
     if not (config.conf_dir() / "freeze" / f"{freeze}.yaml").is_file():
         return frozenset()
-    conf = str(config.conf_dir())
-    mine, base = _composed(conf, freeze), _composed(conf, "none")
+
+    def composed(option: str) -> dict[str, Any]:
+        tree = OmegaConf.to_container(config.composed(f"freeze={option}"), resolve=False)
+        tree.pop("freeze")
+        return flatten(tree)
+
+    mine, base = composed(freeze), composed("none")
     return frozenset(k for k in mine.keys() | base.keys() if mine.get(k) != base.get(k))
-
-
-@functools.cache  # composing takes a third of a second; a sweep's jobs ask again in one process
-def _composed(conf: str, option: str) -> dict[str, Any]:
-    """The flat config of ``freeze=<option>`` from the conf/ folder ``conf``, ``freeze.*`` left
-    out (read only: it is shared)."""
-    tree = OmegaConf.to_container(config.compose(f"freeze={option}"), resolve=False)
-    tree.pop("freeze")
-    return flatten(tree)
 
 
 def selected(
