@@ -31,7 +31,7 @@ from ablate.errors import AblateError
 from ablate.tracking import members, procs, server
 from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user, read_credentials
 from ablate.tracking.journal import Journal, answers
-from ablate.tracking.store import check_reachable
+from ablate.tracking.store import check_reachable, prepare
 
 CLI = [sys.executable, "-m", "ablate.tracking.server"]
 SEARCH = "/api/2.0/mlflow/experiments/search"
@@ -170,6 +170,25 @@ def test_a_wrong_or_missing_password_is_one_line_before_training(team, tmp_path,
     (line,) = [x for x in proc.stderr.splitlines() if f"tracking.uri={team.uri}" in x]
     assert f"refused user 'ed' ({ENV_USER}/{ENV_PASSWORD} in the environment)" in line
     assert "Traceback" not in proc.stderr and "trainable" not in proc.stderr + proc.stdout
+
+
+def test_a_reader_starting_a_run_is_one_line_before_anything_loads(team, tmp_path):
+    creds = {ENV_USER: team.rita[0], ENV_PASSWORD: team.rita[1]}
+    for experiment in ("notes", "rita-own"):  # granted to read; not there yet
+        proc = run_cli(
+            "model=tiny", f"tracking.uri={team.uri}", f"tracking.experiment={experiment}",
+            f"hydra.run.dir={tmp_path}/{experiment}", env=creds,
+        )  # fmt: skip
+        assert proc.returncode == 2
+        (line,) = [x for x in proc.stderr.splitlines() if "user 'rita'" in x]
+        assert f"holds READ on runs and cannot start a run in experiment '{experiment}'" in line
+        assert "make member NAME=rita ROLE=editor" in line
+        assert "Traceback" not in proc.stderr and "trainable" not in proc.stderr + proc.stdout
+    with as_user(*team.admin):
+        assert MlflowClient(team.uri).get_experiment_by_name("rita-own") is None
+    for who in (team.ed, team.admin):
+        with as_user(*who):
+            assert prepare(team.uri, "notes")  # an editor and the admin go on
 
 
 def test_a_refused_password_mid_run_is_an_error_not_an_outage(team, tmp_path):

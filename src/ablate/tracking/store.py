@@ -82,9 +82,11 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from ablate.tracking.access import check_can_run
     from ablate.tracking.stale import mark_stale_runs
 
     check_reachable(uri)
+    check_can_run(uri, experiment)  # before anything is created: a reader's run is one line
     try:
         with _exclusive(uri):
             client = MlflowClient(tracking_uri=uri)  # a sqlite store migrates here
