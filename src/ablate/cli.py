@@ -10,7 +10,7 @@ from typing import Any
 
 from ablate import helptext
 from ablate.errors import AblateError
-from ablate.overrides import CONFIG_NAME, check
+from ablate.overrides import CONFIG_NAME, Repository, check
 
 
 def before_hydra(argv: Sequence[str]) -> None:
@@ -24,12 +24,42 @@ def before_hydra(argv: Sequence[str]) -> None:
         return  # another primary config folder: Hydra's own checks
     try:
         check(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
+        if not (args.help or args.hydra_help or args.cfg or args.info):
+            check_data(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
         if args.help and not (args.config_dir or args.config_name):
             print(helptext.render(args.overrides))
             raise SystemExit(0)
     except AblateError as exc:
         print(f"ablate: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def check_data(overrides: Sequence[str], config_dir: str | None, config_name: str) -> None:
+    """Refuse a ``data.root`` that is not a folder, or an unpinned dataset's missing folder
+    (``ablate.data.files.check_folders``), for every dataset the command line picks: in a second,
+    where a job would find it after its imports (~10 s) and once per job of a sweep. A sweep over
+    a ``data`` key leaves the check to each job; a config Hydra cannot compose, to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ablate.data.files import check_folders
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        swept = [o for o in parsed if o.is_sweep_override()]
+        if any(o.key_or_group.startswith("data.") for o in swept):
+            return
+        data = [o for o in swept if o.key_or_group == "data"]
+        fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+        loader = Repository.for_command_line(overrides, config_dir, config_name).loader
+        for choice in [f"data={v}" for o in data for v in o.sweep_string_iterator()] or [""]:
+            given = [*fixed, choice] if choice else fixed
+            cfg = loader.load_configuration(config_name, given, run_mode=RunMode.RUN)
+            check_folders(cfg.data)
+    except (HydraException, OmegaConfBaseException):
+        return
 
 
 def strict(app: Callable[..., Any]) -> Callable[..., Any]:

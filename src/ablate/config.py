@@ -90,16 +90,19 @@ def _register_resolvers() -> None:
 
 def key(
     default: Any = MISSING, doc: str = "", *, identity: bool = True, setting: bool = True,
-    added: bool = False,
+    added: bool = False, option_input: bool = False,
 ) -> Any:  # fmt: skip
     """A schema field with its doc and flags.
 
     ``identity=False``: where a run goes or how it is scheduled, not what it computes (left out
     of the identity, never a setting). ``setting=False``: runs differing in it still compare as
     seeds of one setting (a path, a thread count). ``added``: added after identities were first
-    recorded; hashed only when set away from its default.
+    recorded; hashed only when set away from its default. ``option_input``: no code reads it, only
+    the options whose files interpolate it (``${.treebank}``); with any other option, setting it
+    is an error (``ablate.pinned``).
     """
-    meta = {"doc": doc, "identity": identity, "setting": setting and identity, "added": added}
+    meta = {"doc": doc, "identity": identity, "setting": setting and identity, "added": added,
+            "option_input": option_input}  # fmt: skip
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -125,7 +128,10 @@ class DataCore:
         "the user cache (`conf/local/` may set it)", identity=False,
     )  # fmt: skip
     dir: str = key(doc="folder of the split files, relative to `data.root`")
-    treebank: str | None = key(None, "UD folder name (required with `data=ud`)")
+    treebank: str | None = key(
+        None, "UD folder name (required with `data=ud`; the other options fix their own)",
+        option_input=True,
+    )  # fmt: skip
     version: str | None = key(None, "release of the pinned files (UD version)")
     splits: dict[str, SplitFile] = key({}, "pinned files per split (file, url, sha256); empty = "
                                        "found by the UD naming pattern")  # fmt: skip
@@ -330,9 +336,10 @@ def schema_keys() -> Iterator[tuple[str, dataclasses.Field]]:
 
 @functools.cache
 def flags(name: str) -> dict[str, Any]:
-    """The ``identity``, ``setting`` or ``added`` flag of every schema key, by dotted key (a key
-    the schema does not know counts in the identity and as a setting, and is not ``added``)."""
-    return {k: f.metadata.get(name, name != "added") for k, f in schema_keys()}
+    """The ``identity``, ``setting``, ``added`` or ``option_input`` flag of every schema key, by
+    dotted key (a key the schema does not know counts in the identity and as a setting, and is
+    neither ``added`` nor an ``option_input``)."""
+    return {k: f.metadata.get(name, name in ("identity", "setting")) for k, f in schema_keys()}
 
 
 def register() -> None:

@@ -29,7 +29,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import HydraException
 
-from ablate import config
+from ablate import config, pinned
 from ablate.errors import AblateError
 
 CONFIG_NAME = "train"
@@ -41,6 +41,7 @@ class Repository:
     ``hydra.searchpath``), from a Hydra config loader."""
 
     def __init__(self, loader: Any, overrides: Sequence[str], config_name: str = CONFIG_NAME):
+        self.loader = loader  # composes a command line from the same search path
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an unavailable search path: Hydra warns itself
             _, self.repo = loader._parse_overrides_and_create_caching_repo(
@@ -83,6 +84,14 @@ class Repository:
                 found.append(group)
             found += self.groups(group)
         return sorted(found)
+
+    def text(self, group: str, option: str) -> str:
+        """An option file's text, from the first source that holds it ("": none, or not a file)."""
+        path = f"{group}/{option}"
+        for source in self.repo.get_sources():
+            if source.is_config(path):
+                return _source_text(source, f"{path}.yaml") or ""
+        return ""
 
     def doc(self, group: str, option: str) -> str:
         """An option's one-line description: its file's first comment line, else its ``name``."""
@@ -146,7 +155,7 @@ def guess(word: str, allowed: Sequence[str], prefix: str = "") -> str:
     return f" did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else ""
 
 
-def _values(o: Override) -> list[str]:
+def selected(o: Override) -> list[str]:
     """The options a group override selects; a glob or an empty choice selects no named one."""
     value = o.value()
     if value is None or o.value_type in (ValueType.GLOB_CHOICE_SWEEP, ValueType.INTERVAL_SWEEP):
@@ -158,10 +167,24 @@ def _values(o: Override) -> list[str]:
     return [str(value)]
 
 
+def as_job_sees(given: Sequence[str]) -> list[str]:
+    """``given`` as Hydra's basic sweeper hands them to a job (``trainer.lr=0.003`` for
+    ``trainer.lr=3e-3``), so a run and a multirun's job name one value alike."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(given))
+    except HydraException:
+        return list(given)
+    return [
+        o.input_line if o.is_sweep_override() or o.is_delete()
+        else f"{o.get_key_element()}={o.get_value_element_as_str()}"
+        for o in parsed
+    ]  # fmt: skip
+
+
 def _option_problem(o: Override, repo: Repository) -> str | None:
     group = o.key_or_group
     options = repo.options(group)
-    bad = [v for v in _values(o) if v not in options]
+    bad = [v for v in selected(o) if v not in options]
     if not bad:
         return None
     return (
@@ -201,7 +224,8 @@ def _key_problem(o: Override, repo: Repository) -> str | None:
 def check(
     overrides: Sequence[str], config_dir: str | None = None, config_name: str = CONFIG_NAME
 ) -> None:
-    """Raise an ``AblateError`` naming every override of an unknown key or option.
+    """Raise an ``AblateError`` naming every override of an unknown key or option, then every
+    override of a key that a chosen option does not read (``ablate.pinned``).
 
     An override Hydra cannot parse, or a search path it refuses, is left to Hydra's own message.
     """
@@ -219,3 +243,4 @@ def check(
             problems.append(_key_problem(o, repo))
     if found := [p for p in problems if p]:
         raise AblateError("; ".join(found))
+    pinned.check(repo, parsed, config_name)

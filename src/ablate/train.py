@@ -45,11 +45,13 @@ def main(cfg: DictConfig) -> float:
         set_wait_policy(cfg)  # before torch loads OpenMP
         if (gpu := assign_gpu()) is not None:  # worker i takes GPU i mod N, before CUDA starts
             log.info("%s", gpu)
-        from ablate.strategies import STRATEGIES
+        from ablate.strategies import STRATEGIES, check_keys
         from ablate.training import checkpoints
         from ablate.training.fit import fit
         from ablate.training.prepare import prepare
 
+        if cfg.freeze.strategy in STRATEGIES:  # a freeze key it ignores: before the data loads
+            check_keys(cfg.freeze)
         prepared = prepare(cfg)  # everything checked before a run is opened
         keys = STRATEGIES[cfg.freeze.strategy].keys
         with tracking.start_run(

@@ -132,6 +132,16 @@ def _no_folder(cfg: DictConfig, folder: Path) -> str:
     return f"{key}={value}: no folder {folder}. {kind} in {parent}: {', '.join(there)}{hint}"
 
 
+def check_folders(cfg: DictConfig) -> None:
+    """Refuse a ``data.root`` that is not a folder, and the folder of an unpinned dataset (one
+    found by the UD naming pattern) that is not there: only paths are looked at, so the command
+    line answers before anything heavy is imported (``ablate.cli``)."""
+    _check_root(cfg)
+    folder = Path(cfg.root) / cfg.dir
+    if not cfg.splits and not folder.is_dir():
+        raise AblateError(_no_folder(cfg, folder))
+
+
 def file_splits(cfg: DictConfig) -> tuple[str, ...]:
     """The splits read from files: all three, or train and dev when ``data.test_from_train``
     holds the test set out of train (a dataset whose published test split has no labels)."""
@@ -144,7 +154,7 @@ def locate(cfg: DictConfig) -> SplitFiles:
     folder = Path(cfg.root) / cfg.dir
     paths: dict[str, Path] = {}
     needed = file_splits(cfg)
-    _check_root(cfg)
+    check_folders(cfg)
     if cfg.splits:
         for split in needed:
             if split not in cfg.splits:
@@ -169,8 +179,6 @@ def locate(cfg: DictConfig) -> SplitFiles:
                     raise AblateError(_missing(cfg, folder, missing, why)) from None
             paths[split] = path
     else:
-        if not folder.is_dir():
-            raise AblateError(_no_folder(cfg, folder))
         for split in needed:
             found = sorted(folder.glob(f"*-ud-{split}.conllu"))
             if len(found) != 1:

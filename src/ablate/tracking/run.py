@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import config
+from ablate import config, overrides
 from ablate.config import project_root
 from ablate.errors import AblateError
 from ablate.tracking import procs, ui
@@ -99,7 +99,7 @@ def run_name(cfg: DictConfig) -> str:
         return name
     identity_flag = config.flags("identity")
     extra: dict[str, str] = {}  # by key: an override given twice counts once, the last
-    for override in HydraConfig.get().overrides.task:
+    for override in overrides.as_job_sees(HydraConfig.get().overrides.task):  # one naming
         key, _, value = override.lstrip("+~").partition("=")
         if (
             key in _NAMED
