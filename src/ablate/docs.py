@@ -1,8 +1,10 @@
 """Generated blocks of the README and docs/, so numbers and lists users read there are computed,
 never typed in.
 
-``python -m ablate.docs`` rewrites every ``<!-- NAME:start -->…<!-- NAME:end -->`` block of the
-files in ``FILES``; ``tests/test_docs.py`` fails when a block is stale.
+``python -m ablate.docs`` rebuilds each study's report under ``docs/results/`` from the archive
+beside it where there is one (``regenerate``), then rewrites every
+``<!-- NAME:start -->…<!-- NAME:end -->`` block of the files in ``FILES``; ``tests/test_docs.py``
+fails when a block is stale.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import re
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +23,7 @@ from omegaconf import MISSING
 
 from ablate import config, switches
 from ablate.config import conf_dir, project_root
+from ablate.errors import AblateError
 from ablate.report.render import millions, share
 from ablate.report.summary import LR_FROM_STUDY
 from ablate.tables import markdown_table
@@ -125,7 +131,7 @@ def config_keys() -> str:
         setting = "yes" if f.metadata.get("setting", True) else "no"
         rows.append((f"`{dotted}`", _default(f), doc, identity, setting))
     columns = ["key", "default", "meaning", "identity", "setting"]
-    return markdown_table(rows, columns, center=["identity", "setting"])
+    return markdown_table(rows, columns, center=["identity", "setting"], markup=True)
 
 
 def speed_switches() -> str:
@@ -136,7 +142,7 @@ def speed_switches() -> str:
         for s in switches.SWITCHES
     ]  # fmt: skip
     columns = ["switch", "default", "cpu", "cuda", "results", "what it does"]
-    return markdown_table(rows, columns)
+    return markdown_table(rows, columns, markup=True)
 
 
 RESULTS = "naija"  # the README's study: docs/results/<name>/, a report made by make report
@@ -255,6 +261,69 @@ def results_findings(study: str = RESULTS) -> str:
     return "\n".join(lines)
 
 
+ARCHIVE = "archive"  # a study's archive: docs/results/<study>/archive/ (python -m ablate.archive)
+
+
+def results_source(study: str = RESULTS) -> str:
+    """Where a published study's tables come from: the archive beside its page, or runs no
+    longer held (its report as written when the runs were in a store)."""
+    from ablate.archive import INDEX, MANIFEST
+
+    folder = _dir(study)
+    name = folder.name
+    index = folder / ARCHIVE / INDEX
+    if not index.is_file():
+        return (
+            f"**From runs no longer held.** The store these runs were tracked in went with its "
+            f"machine and no archive of them exists, so this section's tables and charts are its "
+            f"report as written then ([{name}/summary.csv]({name}/summary.csv), "
+            f"[{name}/runs.csv]({name}/runs.csv)): `python -m ablate.docs` re-reads them, but "
+            f"cannot rebuild them with today's report or check them against the runs until the "
+            f"study runs again and its archive is kept beside this page "
+            f"(`python -m ablate.archive export ... docs/results/{name}/{ARCHIVE}`)."
+        )
+    held = json.loads(index.read_text(encoding="utf-8"))
+    roles: dict[str, int] = {}
+    for run in held["runs"]:
+        roles[run["role"]] = roles.get(run["role"], 0) + 1
+    counts = ", ".join(
+        f"{roles[r]} {word}{'s' if roles[r] != 1 else ''}"
+        for r, word in (("run", "run"), ("sweep", "sweep"), ("trial", "lr-study trial"))
+        if roles.get(r)
+    )
+    return (
+        f"Generated from the archive beside this page, [{name}/{ARCHIVE}/]({name}/{ARCHIVE}/) "
+        f"({counts}; every file's sha256 in its {MANIFEST}): `python -m ablate.docs` imports it "
+        f"into a temporary store and reruns `{' '.join(held['report'])}` into `{name}/`. "
+        f"`python -m ablate.archive import docs/results/{name}/{ARCHIVE}` loads it into a store "
+        "of your own."
+    )
+
+
+def regenerate(folder: Path) -> None:
+    """Rebuild the report in ``folder`` (summary.md, summary.csv, runs.csv, charts) from the
+    archive beside it (``folder/archive``): imported into a temporary store and reported with the
+    command the archive names. runs.csv and summary.md then name the archive's run ids and the
+    archive, not the temporary store's."""
+    from ablate.archive import read, report_args
+    from ablate.archive.import_ import import_archive
+    from ablate.report.cli import main as report
+
+    held = read(folder / ARCHIVE)
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
+        _, ids = import_archive(held, uri)
+        args = [*report_args(held.index["scope"]), "--uri", uri, "--out", str(folder)]
+        if report(args) != 0:
+            raise AblateError(f"{folder / ARCHIVE}: the report of its runs failed (above)")
+    # the temporary store's ids and address mean nothing once it is gone: the archive's instead
+    back = {new: old for old, new in ids.items()}
+    for name in ("runs.csv", "summary.md"):
+        path = folder / name
+        text = re.sub(r"\b[0-9a-f]{32}\b", lambda m: back.get(m[0], m[0]), path.read_text("utf-8"))
+        path.write_text(text.replace(uri, f"the archive {ARCHIVE}/"), encoding="utf-8")
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "freeze-table": freeze_table,
     "make-help": make_help,
@@ -265,6 +334,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "results-reruns": functools.partial(results_table, rerun=True),
     "results-findings": results_findings,
     "results-provenance": results_provenance,
+    "results-source": results_source,
 }
 
 
@@ -289,8 +359,15 @@ def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
 
 
 def main() -> None:
-    """Rewrite the generated blocks of every file in ``FILES``."""
+    """Rebuild every study under docs/results/ that has an archive beside it, then rewrite the
+    generated blocks of every file in ``FILES``."""
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    results = project_root() / "docs" / "results"
+    for folder in sorted(p for p in results.iterdir() if (p / ARCHIVE).is_dir()):
+        try:
+            regenerate(folder)
+        except AblateError as exc:
+            sys.exit(f"error: {' '.join(str(exc).split())}")
     for name in FILES:
         path = project_root() / name
         path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")
