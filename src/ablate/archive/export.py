@@ -1,0 +1,224 @@
+"""``python -m ablate.archive export``: the runs a report covers (the report's own filters), their
+sweeps' parent runs and the lr-study trials their lrs came from, written as an archive folder."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from ablate.archive import (
+    ARTIFACTS,
+    FORMAT,
+    INDEX,
+    MANIFEST,
+    METRICS_HEADER,
+    PARENT_TAG,
+    RUNS,
+    VERSION,
+    dumps,
+    number,
+    report_args,
+    sha256,
+)
+from ablate.config import TUNED_TAG
+from ablate.errors import AblateError
+from ablate.report.load import MlflowClient, MlflowException
+
+
+def _scope(runs_source: dict[str, str]) -> dict[str, Any]:
+    """The report's filters as the archive records them: what ``report_args`` turns back into
+    the command that covers the same runs."""
+
+    def listed(key: str) -> list[str] | None:
+        return sorted(runs_source[key].split(",")) if runs_source.get(key) else None
+
+    # a sweep's folder is recorded resolved (absolute); anything else there says the report
+    # found no sweep and covered every run
+    sweep = runs_source.get("sweep")
+    return {
+        "experiment": runs_source["experiment"],
+        "sweep": sweep if sweep and Path(sweep).is_absolute() else None,
+        "data": listed("data"),
+        "model": listed("model"),
+        "status": listed("status"),
+        "metric": runs_source.get("metric"),
+    }
+
+
+def _study_trials(client: MlflowClient, run) -> list:
+    """Every trial of the lr study whose best trial gave ``run`` its lr (``TUNED_TAG``): the
+    runs tagged with that trial's ``study`` in its experiment."""
+    try:
+        trial = client.get_run(run.data.tags[TUNED_TAG])
+    except MlflowException:
+        print(f"note: the lr-study trial {run.data.tags[TUNED_TAG]} of {run.info.run_name} is "
+              "no longer in the store: its study is not archived")  # fmt: skip
+        return []
+    study = trial.data.tags.get("study")
+    if not study:
+        return [trial]
+    name = study.replace("'", "\\'")
+    found, token = [], None
+    while True:  # every page: a study may hold many trials
+        page = client.search_runs(
+            [trial.info.experiment_id], f"tags.study = '{name}'", max_results=1000, page_token=token
+        )
+        found += page
+        token = page.token
+        if not token:
+            return found
+
+
+def collect(client: MlflowClient, selected: list[str]) -> dict[str, tuple[Any, str]]:
+    """{run id: (run, role)} of ``selected`` (role ``run``), the lr-study trials of the tuned
+    ones (``trial``) and the parent runs of all of them (``sweep``)."""
+    out: dict[str, tuple[Any, str]] = {}
+    for run_id in selected:
+        out[run_id] = (client.get_run(run_id), "run")
+    for run, _ in list(out.values()):
+        if TUNED_TAG in run.data.tags:
+            for trial in _study_trials(client, run):
+                out.setdefault(trial.info.run_id, (trial, "trial"))
+    pending = [r for r, _ in out.values()]
+    while pending:  # parents, and a parent's own parent
+        parent = pending.pop().data.tags.get(PARENT_TAG)
+        if parent and parent not in out:
+            try:
+                run = client.get_run(parent)
+            except MlflowException:
+                continue  # a parent deleted since: the child keeps the id it names
+            out[parent] = (run, "sweep")
+            pending.append(run)
+    return out
+
+
+def _history(client: MlflowClient, run) -> str:
+    points = []
+    for key in sorted(run.data.metrics):
+        for m in client.get_metric_history(run.info.run_id, key):
+            points.append((key, int(m.step), int(m.timestamp), number(m.value)))
+    rows = [f"{k}\t{s}\t{t}\t{v}" for k, s, t, v in sorted(points)]
+    return "\n".join([METRICS_HEADER, *rows]) + "\n"
+
+
+def _inputs(run) -> list[dict[str, Any]]:
+    inputs = run.inputs.dataset_inputs if run.inputs is not None else []
+    out = []
+    for d in inputs:
+        ds = d.dataset
+        out.append(
+            {
+                "name": ds.name, "digest": ds.digest, "source_type": ds.source_type,
+                "source": ds.source, "schema": ds.schema, "profile": ds.profile,
+                "tags": {t.key: t.value for t in d.tags},
+            }
+        )  # fmt: skip
+    return sorted(out, key=dumps)
+
+
+def _write_run(client: MlflowClient, run, experiment: str, folder: Path) -> None:
+    info = run.info
+    folder.mkdir(parents=True)
+    (folder / "info.json").write_text(
+        dumps(
+            {
+                "run_id": info.run_id, "run_name": info.run_name, "experiment": experiment,
+                "status": info.status, "start_time": info.start_time, "end_time": info.end_time,
+                "lifecycle_stage": info.lifecycle_stage,
+            }
+        ),
+        encoding="utf-8",
+    )  # fmt: skip
+    (folder / "params.json").write_text(dumps(dict(run.data.params)), encoding="utf-8")
+    (folder / "tags.json").write_text(dumps(dict(run.data.tags)), encoding="utf-8")
+    (folder / "inputs.json").write_text(dumps(_inputs(run)), encoding="utf-8")
+    (folder / "metrics.tsv").write_text(_history(client, run), encoding="utf-8")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in ARTIFACTS:
+            try:
+                got = Path(client.download_artifacts(info.run_id, path, tmp))
+            except (MlflowException, OSError):
+                continue  # a run that has none (a sweep's parent, a failed run)
+            if got.is_file():
+                target = folder / "artifacts" / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(got.read_bytes())
+
+
+def _manifest(folder: Path) -> None:
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    lines = [f"{sha256(folder / name)}  {name}" for name in files if name != MANIFEST]
+    (folder / MANIFEST).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _target(out: Path) -> None:
+    """``out`` must be new, empty or an archive (which the export replaces)."""
+    if out.exists() and not out.is_dir():
+        raise AblateError(f"{out} is a file; pass a new or empty folder to write the archive to")
+    if out.is_dir() and any(out.iterdir()) and not (out / INDEX).is_file():
+        raise AblateError(
+            f"{out} holds files that are no archive; pass a new or empty folder (or an earlier "
+            "archive, which is replaced)"
+        )
+
+
+def export(args: Namespace, out: Path) -> dict[str, int]:
+    """Write the runs the report's filters in ``args`` select (``ablate.report.cli``) to the
+    archive folder ``out``; return how many runs of each role it holds."""
+    from ablate.report.cli import _load  # the report's own choice of runs, sweep fallback too
+
+    _target(out)
+    runs = _load(args)
+    uri = runs.source["uri"]
+    client = MlflowClient(tracking_uri=uri)
+    found = collect(client, list(runs.runs.run_id))
+    if not found:
+        raise AblateError(
+            f"no runs match these filters in experiment {args.experiment!r} of {uri}: nothing to "
+            "archive; change the filters (the report's: --sweep, --all, --data, ...)"
+        )
+    names = {}
+    for run, _ in found.values():
+        if run.info.experiment_id not in names:
+            names[run.info.experiment_id] = client.get_experiment(run.info.experiment_id).name
+    order = sorted(
+        found.values(),
+        key=lambda x: (names[x[0].info.experiment_id], x[0].info.start_time, x[0].info.run_id),
+    )
+    scope = _scope(runs.source)
+    index = {
+        "format": FORMAT,
+        "version": VERSION,
+        "scope": scope,
+        "report": ["python", "-m", "ablate.report", *report_args(scope)],
+        "runs": [
+            {
+                "run_id": r.info.run_id, "run_name": r.info.run_name, "role": role,
+                "experiment": names[r.info.experiment_id],
+            }
+            for r, role in order
+        ],
+    }  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # written beside, then swapped in: an export that fails leaves the earlier archive whole
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for run, _ in order:
+            name = names[run.info.experiment_id]
+            _write_run(client, run, name, tmp / RUNS / run.info.run_id)
+        (tmp / INDEX).write_text(dumps(index), encoding="utf-8")
+        _manifest(tmp)
+        tmp.chmod(0o755)  # mkdtemp's 0700 would make the archive private
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    counts: dict[str, int] = {}
+    for _, role in order:
+        counts[role] = counts.get(role, 0) + 1
+    return counts

@@ -1,0 +1,175 @@
+"""A study's archive: a real tiny study (an lr study's trials, then a grid with a tuned strategy)
+exported, imported into a new store and reported gives the same summary.csv; the same store
+gives the same bytes; a second import adds nothing; bad archives and stores fail whole."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import fit_run, run_cli, slice_overrides
+from mlflow.tracking import MlflowClient
+
+from ablate import archive, docs
+from ablate.archive.__main__ import main as archive_main
+from ablate.config import TUNED_TAG
+from ablate.report.cli import main as report_main
+
+STUDY = "lr-slice-all"
+LR_EXPERIMENT = "t-lr"
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}  # fmt: skip
+
+
+def _all_runs(store: str) -> list:
+    """Every active run of every experiment of ``store``: what an import may add to."""
+    client = MlflowClient(store)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(ids) if ids else []
+
+
+@pytest.fixture(scope="module")
+def study(slice_root, tmp_path_factory) -> SimpleNamespace:
+    """Two trials of an lr study of `all`, then a sweep of `none` and `all` at the study's best
+    lr (the tiny model on the Naija slice), and its archive."""
+    tmp = tmp_path_factory.mktemp("archive")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    base = [*slice_overrides(slice_root, store, tmp), "trainer.keep_model=false"]
+    data = [o for o in base if not o.startswith(("hydra.", "tracking.uri"))]
+    for lr in ("1e-3", "5e-3"):  # an lr study's trials: runs tagged study=<name>
+        fit_run(
+            store, *data, "freeze=all", f"trainer.lr={lr}",
+            f"tracking.experiment={LR_EXPERIMENT}", f"+tracking.tags.study={STUDY}",
+        )  # fmt: skip
+    proc = run_cli(
+        "--multirun", "freeze=none,all", "seed=1", "lr_study.freeze=[all]",
+        f"lr_study.experiment={LR_EXPERIMENT}", *base, cwd=tmp,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp / "study-archive"
+    assert archive_main(["export", "--uri", store, str(out)]) == 0
+    return SimpleNamespace(tmp=tmp, store=store, archive=out, data=data)
+
+
+def test_an_imported_study_reports_the_same_summary(study, tmp_path, capsys):
+    read = archive.read(study.archive)
+    assert read.counts() == {"run": 2, "sweep": 1, "trial": 2}
+    scope = read.index["scope"]
+    assert scope["sweep"] and read.index["report"][3:] == archive.report_args(scope)
+    # every point of every metric, with its step and timestamp, and the report's predictions
+    tuned = next(r for r in read.runs if TUNED_TAG in r.tags)
+    client = MlflowClient(study.store)
+    history = client.get_metric_history(tuned.run_id, "dev_accuracy")
+    assert [(k, s, t) for k, s, t, _ in tuned.metrics if k == "dev_accuracy"] == [
+        ("dev_accuracy", m.step, m.timestamp) for m in history
+    ]
+    assert "predictions/dev.json" in tuned.artifacts and tuned.inputs
+
+    again = tmp_path / "again"
+    assert archive_main(["export", "--uri", study.store, str(again)]) == 0
+    assert _files(again) == _files(study.archive)  # the same store: the same bytes
+
+    new = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    assert archive_main(["import", str(study.archive), "--uri", new]) == 0
+    assert "imported 5 of 5 runs" in capsys.readouterr().out
+    before = sorted(r.info.run_id for r in _all_runs(new))
+    assert archive_main(["import", str(study.archive), "--uri", new]) == 0
+    assert "imported 0 of 5 runs" in capsys.readouterr().out
+    assert sorted(r.info.run_id for r in _all_runs(new)) == before  # twice adds nothing
+
+    summaries = []
+    for uri, name in ((study.store, "original"), (new, "imported")):
+        args = [*archive.report_args(scope), "--uri", uri, "--out", str(tmp_path / name)]
+        assert report_main(args) == 0
+        summaries.append((tmp_path / name / "summary.csv").read_bytes())
+    assert summaries[0] == summaries[1]
+    assert b"bootstrap" in summaries[0]  # one seed: the interval resampled the predictions
+
+    # the imported runs are the store's own: identity, times, parents, the trial a lr came from
+    mine = {r.data.tags[archive.ORIGIN_TAG]: r for r in _all_runs(new)}
+    for run in read.runs:
+        got = mine[run.run_id]
+        assert got.info.start_time == run.info["start_time"]
+        assert got.info.end_time == run.info["end_time"] and got.info.status == run.info["status"]
+        assert got.data.tags.get(archive.IDENTITY_TAG) == run.tags.get(archive.IDENTITY_TAG)
+        assert got.data.params == run.params
+    parent = next(r for r in read.runs if r.tags.get("ablate.role") == "sweep")
+    trials = [mine[r.run_id] for r in read.runs if r.tags.get("study") == STUDY]
+    best = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
+    imported = mine[tuned.run_id]
+    assert imported.data.tags["mlflow.parentRunId"] == mine[parent.run_id].info.run_id
+    assert imported.data.tags[TUNED_TAG] == best.info.run_id
+    assert best.data.params["trainer.lr"] == imported.data.params["trainer.lr"]
+
+    # skip_finished finds the imported run as the twin of its config
+    from ablate.tracking.run import finished_twin
+
+    none = next(r for r in read.runs if r.params.get("freeze.name") == "none")
+    cfg = study_cfg(study, new, "freeze=none", "seed=1")
+    assert finished_twin(cfg).info.run_id == mine[none.run_id].info.run_id
+
+
+def study_cfg(study, store: str, *overrides: str):
+    """The config of one of the grid's jobs, tracked in ``store``."""
+    from ablate.config import compose
+
+    return compose(*study.data, f"tracking.uri={store}", *overrides)
+
+
+def _fails(argv: list[str], capsys) -> str:
+    assert archive_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1  # one line
+    return err
+
+
+def test_bad_archives_and_stores_fail_whole(study, tmp_path, capsys):
+    new = tmp_path / "new" / "mlflow.db"
+    uri = f"sqlite:///{new}"
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("not an archive\n")
+    err = _fails(["import", str(other), "--uri", uri], capsys)
+    assert f"{other} is not an ablate archive (it has no archive.json)" in err
+    assert not new.exists()  # nothing written, not even the store
+
+    cut = tmp_path / "cut"
+    shutil.copytree(study.archive, cut)
+    metrics = next(cut.glob("runs/*/metrics.tsv"))
+    metrics.write_bytes(metrics.read_bytes()[:-40])  # truncated
+    err = _fails(["import", str(cut), "--uri", uri], capsys)
+    assert str(metrics) in err and "sha256 differs" in err and "export it again" in err
+    assert not new.exists()
+
+    # a store that already holds another FINISHED run of the same identity
+    read = archive.read(study.archive)
+    none = next(r for r in read.runs if r.params.get("freeze.name") == "none")
+    client = MlflowClient(uri)
+    exp = client.create_experiment("ablate")
+    twin = client.create_run(exp, tags={archive.IDENTITY_TAG: none.tags[archive.IDENTITY_TAG]})
+    client.set_terminated(twin.info.run_id, "FINISHED")
+    capsys.readouterr()  # MLflow's own lines while it created that store
+    err = _fails(["import", str(study.archive), "--uri", uri], capsys)
+    assert none.run_id in err and twin.info.run_id in err
+    assert f"mlflow runs delete --run-id {twin.info.run_id}" in err
+    assert [r.info.run_id for r in _all_runs(uri)] == [twin.info.run_id]  # nothing imported
+
+
+def test_a_results_page_is_regenerated_from_the_archive_beside_it(study, tmp_path):
+    page = tmp_path / "results" / "tiny"
+    shutil.copytree(study.archive, page / docs.ARCHIVE)
+    docs.regenerate(page)
+    runs = (page / "runs.csv").read_text()
+    read = archive.read(page / docs.ARCHIVE)
+    grid = [r.run_id for r in read.runs if read.index["runs"][read.runs.index(r)]["role"] == "run"]
+    assert all(run_id in runs for run_id in grid)  # the archive's ids, not the temporary store's
+    assert "from the archive" in docs.results_source(str(page))
+    # the published studies' stores are gone and they have no archive: their pages say so
+    for study_name in ("naija", "naija-fair", "ewt"):
+        assert "no longer held" in docs.results_source(study_name)
