@@ -33,6 +33,15 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # and the recipe's lr it replaced (what the report compares with other strategies' lr).
 TUNED_TAG = "lr_study.trial"
 RECIPE_LR_TAG = "lr_study.recipe_lr"
+# Tag of an lr study's trial (``hparams_search=lr``): its study's name.
+STUDY_TAG = "study"
+
+
+def lr_from_study(cfg: DictConfig) -> bool:
+    """Whether a study chose the run's lr: its strategy's best (``lr_study``, tagged ``TUNED_TAG``
+    by ``ablate.train``) or a study's trial (tagged ``STUDY_TAG``)."""
+    tags = cfg.tracking.tags
+    return TUNED_TAG in tags or STUDY_TAG in tags
 
 
 def conf_dir() -> Path:

@@ -46,12 +46,15 @@ def main(cfg: DictConfig) -> float:
         if (gpu := assign_gpu()) is not None:  # worker i takes GPU i mod N, before CUDA starts
             log.info("%s", gpu)
         from ablate.strategies import STRATEGIES, check_keys
+        from ablate.strategies.peft_methods import untuned_lr
         from ablate.training import checkpoints
         from ablate.training.fit import fit
         from ablate.training.prepare import prepare
 
         if cfg.freeze.strategy in STRATEGIES:  # a freeze key it ignores: before the data loads
             check_keys(cfg.freeze)
+        if note := untuned_lr(cfg, _option(cfg)):  # a peft method at an lr no study chose
+            log.info("%s", note)
         prepared = prepare(cfg)  # everything checked before a run is opened
         keys = STRATEGIES[cfg.freeze.strategy].keys
         with tracking.start_run(
@@ -105,6 +108,15 @@ def _interrupted(cfg: DictConfig, run) -> None:
         why = "trainer.checkpoints=false" if not cfg.trainer.checkpoints else "first epoch"
         where = f"before an epoch checkpoint ({why}); start it over with"
     log.error("run %s (%s) KILLED %s: %s", run_name(cfg), run.id, where, command)
+
+
+def _option(cfg: DictConfig) -> str:
+    """The ``freeze`` option the job composed (``freeze.name`` outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return HydraConfig.get().runtime.choices.get("freeze") or cfg.freeze.name
+    return cfg.freeze.name
 
 
 def take_tuned_lr(cfg: DictConfig) -> None:

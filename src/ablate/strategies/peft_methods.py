@@ -10,6 +10,7 @@ Prefix tuning (P-tuning v2) and prompt tuning are not here: see docs/tasks-and-s
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 from torch import nn
 from transformers import TrainerCallback
 
+from ablate import config
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.heads import BiLSTMTokenClassifier
@@ -118,6 +120,31 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            peft_targets="LNTUNING", kind=nn.LayerNorm),
 )}
 # fmt: on
+
+
+# The comment above ``trainer.lr`` in a peft option's file: where its default lr comes from.
+LR_SOURCE = re.compile(r"#\s*default lr, not tuned here:\s*(.+)\n\s*lr:")
+
+
+def untuned_lr(cfg: DictConfig, option: str) -> str | None:
+    """For a run of a peft method (``freeze=option``) at an lr no study chose
+    (``config.lr_from_study``), the line that says so: the option's default lr and its source
+    (the comment in its file), or that the run set another; None for any other run."""
+    if cfg.freeze.strategy not in METHODS or config.lr_from_study(cfg):
+        return None
+    from ablate.overrides import Repository
+
+    lr, search = cfg.trainer.lr, f"python -m ablate.search freeze={option} picks one"
+    found = LR_SOURCE.search(Repository.for_command_line([]).text("freeze", option))
+    try:
+        default = config.composed(f"freeze={option}").trainer.lr
+    except Exception:  # an option outside conf/ (a search path): no default to name
+        default = None
+    if default is None or lr != default:
+        known = f" (freeze={option}'s default: {default:g})" if default is not None else ""
+        return f"lr {lr:g} is this run's{known}, not tuned: {search}"
+    source = f" ({found[1].strip()})" if found else ""
+    return f"lr {lr:g} is freeze={option}'s default{source}, not tuned: {search}"
 
 
 def _defaults(model: nn.Module, kind: str, peft_table: str) -> list[str] | None:
