@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from ablate.errors import AblateError
 from ablate.tracking import members, procs, server
 from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user, read_credentials
 from ablate.tracking.journal import Journal, answers
+from ablate.tracking.serveruser import SERVICE_USER
 from ablate.tracking.store import check_reachable, prepare
 
 CLI = [sys.executable, "-m", "ablate.tracking.server"]
@@ -91,10 +93,13 @@ def test_make_server_asks_for_a_password_and_keeps_it_to_its_owner(team):
     admin_password = team.admin[1]
     for name in (server.CREDENTIALS, server.AUTH_CONFIG, "pgpass", server.SECRET):
         mode = (team.folder / name).stat()
-        assert mode.st_mode & 0o777 == 0o600 and mode.st_uid == os.geteuid(), name
+        assert mode.st_mode & 0o777 == 0o600, name
+    # root's own secrets stay root's; the server's user gets its settings
+    assert (team.folder / server.CREDENTIALS).stat().st_uid == os.geteuid()
+    assert (team.folder / "pgpass").stat().st_uid == pwd.getpwnam(SERVICE_USER).pw_uid
     assert (team.folder / members.MEMBERS / "rita.credentials").stat().st_mode & 0o077 == 0
     logs = [team.started.stdout, team.started.stderr]
-    logs += [(team.folder / n).read_text() for n in ("mlflow.log", "postgres.log")]
+    logs += [(team.folder / n).read_text() for n in ("mlflow.log", "postgres/postgres.log")]
     assert not any(admin_password in text for text in logs)
     assert str(team.folder / server.CREDENTIALS) in team.started.stdout  # where to find it
     assert requests.get(f"{team.uri}/health").status_code == 200  # open: a probe finds it
@@ -115,7 +120,7 @@ def test_the_server_starts_no_mlflow_job_runners(team):
 
 
 def test_the_database_lets_in_only_the_server(team):
-    for host in ("127.0.0.1", str(team.folder)):  # TCP and the socket alike
+    for host in ("127.0.0.1", str(team.folder / "postgres")):  # TCP and the socket alike
         with pytest.raises(psycopg2.OperationalError, match="password"):
             psycopg2.connect(
                 host=host, port=team.pg_port, user="ablate", dbname="mlflow", passfile="/dev/null"

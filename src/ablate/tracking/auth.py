@@ -32,13 +32,17 @@ def new_password() -> str:
     return secrets.token_urlsafe(18)
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable and writable by its owner only (0600), atomically."""
+def write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -> None:
+    """Write ``text`` to ``path`` readable and writable by its owner only (0600), atomically;
+    ``owner`` (uid, gid) gets the file (set on the open file: a symlink planted at the path is
+    replaced, never followed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
     with os.fdopen(fd, "w") as f:
+        if owner is not None:
+            os.fchown(f.fileno(), *owner)
         f.write(text)
     tmp.replace(path)
 

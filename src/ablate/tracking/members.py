@@ -44,10 +44,45 @@ def _admin(folder: Path) -> tuple[str, tuple[str, str]]:
     return local_uri(folder), read_credentials(path)
 
 
-def _client(uri: str):
-    from mlflow.server import get_app_client
+class _Users:
+    """The user endpoints of MLflow's basic-auth app, called as MLflow's own client calls them
+    (``mlflow.server.auth.client``, whose import loads the whole server app and its warnings)."""
 
-    return get_app_client("basic-auth", tracking_uri=uri)
+    def __init__(self, uri: str):
+        self.uri = uri
+
+    def _call(self, method: str, endpoint: str, **kwargs) -> None:
+        from mlflow.utils.credentials import get_default_host_creds
+        from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+        resp = http_request(get_default_host_creds(self.uri), endpoint, method, **kwargs)
+        verify_rest_response(resp, endpoint)
+
+    def get_user(self, name: str) -> None:
+        self._call("GET", "/api/2.0/mlflow/users/get", params={"username": name})
+
+    def create_user(self, name: str, password: str) -> None:
+        self._call("POST", "/api/2.0/mlflow/users/create",
+                   json={"username": name, "password": password})  # fmt: skip
+
+    def update_user_password(self, name: str, password: str, current_password=None) -> None:
+        body = {"username": name, "password": password}
+        if current_password is not None:
+            body["current_password"] = current_password
+        self._call("PATCH", "/api/2.0/mlflow/users/update-password", json=body)
+
+    def grant_user_permission(self, name: str, kind: str, pattern: str, level: str) -> None:
+        self._call("POST", "/api/3.0/mlflow/users/permissions/grant", json={
+            "username": name, "resource_type": kind, "resource_id": pattern, "permission": level,
+        })  # fmt: skip
+
+    def revoke_user_permission(self, name: str, kind: str, pattern: str) -> None:
+        body = {"username": name, "resource_type": kind, "resource_id": pattern}
+        self._call("POST", "/api/3.0/mlflow/users/permissions/revoke", json=body)
+
+
+def _client(uri: str) -> _Users:
+    return _Users(uri)
 
 
 def _refused(exc: Exception, what: str) -> AblateError:

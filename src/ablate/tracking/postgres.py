@@ -2,15 +2,20 @@
 machine's PostgreSQL binaries, and reached by password only (scram-sha-256, on a socket and on
 127.0.0.1), so another user of the machine cannot read or change the runs through it.
 
-The password is generated with the cluster and kept in ``.server/pgpass`` (libpq's password
-file, owner-only), which the MLflow server reads through ``PGPASSFILE``: it never appears in a
-URL, a command line or a log.
+PostgreSQL owns its data folder (``pg``) and its run folder (``postgres``: the socket and
+``postgres.log``), nothing else of ``.server/``. The server's database role (``ablate``) owns
+the ``mlflow`` database and is no superuser; the cluster's superuser is the OS user that runs
+PostgreSQL, reached only through the socket as that OS user (peer), which is how ablate creates
+the role and the database. The role's password is generated into ``.server/pgpass`` (libpq's
+password file, readable by the MLflow server's user only), which the server reads through
+``PGPASSFILE``: it never appears in a URL, a command line or a log.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +24,7 @@ from ablate.errors import AblateError
 from ablate.tracking.auth import new_password, write_private
 
 PASSFILE = "pgpass"
+DATA, RUN, LOG = "pg", "postgres", "postgres.log"
 USER, DATABASE = "ablate", "mlflow"
 _AUTH = "scram-sha-256"
 
@@ -34,8 +40,13 @@ def pg_bin(name: str) -> str:
     return candidates[-1]
 
 
+def _superuser() -> str:
+    """The OS user that runs PostgreSQL, and the name of the cluster's superuser."""
+    # PostgreSQL refuses to run as root: it runs as the distribution's postgres user then
+    return "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+
+
 def _as_postgres(cmd: list[str]) -> list[str]:
-    # PostgreSQL refuses to run as root; drop to the distribution's postgres user when we are root.
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
@@ -45,35 +56,83 @@ def _run(cmd: list[str], **kwargs) -> None:
         raise AblateError(f"{' '.join(cmd)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
 
 
+def private_dir(path: Path, owner: tuple[int, int] | None) -> None:
+    """``path`` as a folder of ``owner`` (uid, gid; None: ours) that only it may read (0700);
+    a symlink there is refused, never followed."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise AblateError(f"{path}: not a plain folder ({exc.strerror}); move it away") from None
+    try:
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def _postgres_owner() -> tuple[int, int] | None:
+    if os.geteuid() != 0:
+        return None
+    entry = pwd.getpwnam("postgres")
+    return entry.pw_uid, entry.pw_gid
+
+
 def client_env(folder: Path) -> dict[str, str]:
-    """The environment under which a client (the MLflow server, createdb) finds the password."""
+    """The environment under which a client (the MLflow server) finds the password."""
     return {**os.environ, "PGPASSFILE": str(folder / PASSFILE)}
 
 
-def _write_passfile(folder: Path, password: str) -> None:
+def _write_passfile(folder: Path, password: str, owner: tuple[int, int] | None) -> None:
     # any port: `make server PG_PORT=...` may move the cluster
     lines = [f"{host}:*:*:{USER}:{password}\n" for host in ("127.0.0.1", "localhost")]
-    write_private(folder / PASSFILE, "".join(lines))
+    write_private(folder / PASSFILE, "".join(lines), owner)
 
 
-def _initdb(folder: Path, data: Path) -> None:
+def _hba(superuser: str) -> str:
+    # the superuser only on the socket as its own OS user; everyone else by password
+    rules = [f"local all {superuser} peer", f"local all all {_AUTH}",
+             f"host all all 127.0.0.1/32 {_AUTH}", f"host all all ::1/128 {_AUTH}"]  # fmt: skip
+    return "\n".join(rules) + "\n"
+
+
+def _initdb(data: Path) -> None:
+    private_dir(data, _postgres_owner())
+    _run(_as_postgres([
+        pg_bin("initdb"), "-D", str(data), "-U", _superuser(), "--auth-local=peer",
+        f"--auth-host={_AUTH}",
+    ]))  # fmt: skip
+    write_private(data / "pg_hba.conf", _hba(_superuser()), _postgres_owner())
+
+
+def _psql(folder: Path, port: int, sql: str) -> None:
+    """``sql`` as the cluster's superuser, on the socket (on stdin: `ps` shows command lines
+    to every user)."""
+    _run(
+        _as_postgres([pg_bin("psql"), "-X", "-q", "-h", str(folder / RUN), "-p", str(port),
+                      "-U", _superuser(), "-d", "postgres", "-v", "ON_ERROR_STOP=1"]),
+        input=sql,
+    )  # fmt: skip
+
+
+def _give_role(folder: Path, port: int, server: tuple[int, int] | None) -> None:
+    """The server's role (no superuser, a new password) and its database."""
     password = new_password()
-    data.mkdir(parents=True, exist_ok=True)
-    pwfile = folder / ".pg-initpw"  # initdb reads it as postgres: not inside the empty data dir
-    write_private(pwfile, password + "\n")
-    if os.geteuid() == 0:
-        shutil.chown(data, "postgres", "postgres")
-        shutil.chown(pwfile, "postgres", "postgres")
-    try:
-        _run(_as_postgres([
-            pg_bin("initdb"), "-D", str(data), "-U", USER, "-A", _AUTH, f"--pwfile={pwfile}",
-        ]))  # fmt: skip
-    finally:
-        pwfile.unlink(missing_ok=True)
-    _write_passfile(folder, password)
+    _psql(
+        folder,
+        port,
+        f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{USER}') THEN "
+        f"CREATE ROLE {USER}; END IF; END$$;\n"
+        f"ALTER ROLE {USER} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+        f"PASSWORD '{password}';\n"
+        f"SELECT 'CREATE DATABASE {DATABASE} OWNER {USER}' WHERE NOT EXISTS "
+        f"(SELECT FROM pg_database WHERE datname = '{DATABASE}')\\gexec\n",
+    )
+    _write_passfile(folder, password, server)
 
 
-def _close_trust(folder: Path, data: Path, port: int) -> None:
+def _close_trust(folder: Path, data: Path, port: int, server: tuple[int, int] | None) -> None:
     """A cluster made by an earlier ablate trusted every local connection: give its user a
     password and ask for it from now on (the cluster runs, still trusting, when this is called)."""
     hba = data / "pg_hba.conf"
@@ -84,46 +143,55 @@ def _close_trust(folder: Path, data: Path, port: int) -> None:
             f"restore the file, or move {data} away to start a new one"
         )
     password = new_password()
-    # on stdin, not on the command line: `ps` shows command lines to every user
     _run(
         [pg_bin("psql"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, "-d", "postgres",
          "-v", "ON_ERROR_STOP=1", "-q"],
         input=f"ALTER ROLE {USER} PASSWORD '{password}';\n",
     )  # fmt: skip
-    _write_passfile(folder, password)
+    _write_passfile(folder, password, server)
     kept = [line for line in hba.read_text().splitlines() if line.lstrip().startswith("#")]
     rules = [f"local all all {_AUTH}", f"host all all 127.0.0.1/32 {_AUTH}",
              f"host all all ::1/128 {_AUTH}"]  # fmt: skip
-    hba.write_text("\n".join([*kept, *rules]) + "\n")
+    write_private(hba, "\n".join([*kept, *rules]) + "\n", _postgres_owner())
     _run(_as_postgres([pg_bin("pg_ctl"), "-D", str(data), "reload"]))
 
 
-def start_postgres(folder: Path, port: int) -> str:
+def _log_cause(log: Path) -> str:
+    """The last FATAL or ERROR line of PostgreSQL's log: why it did not start."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    causes = [line for line in lines if "FATAL" in line or "ERROR" in line]
+    return (causes or lines or ["no log"])[-1].strip()
+
+
+def start_postgres(folder: Path, port: int, server: tuple[int, int] | None = None) -> str:
     """Create (once) and start the cluster in ``folder``; return its SQLAlchemy URL (no
-    password in it: clients read ``folder``/pgpass, see ``client_env``)."""
-    data = folder / "pg"
-    fresh = not (data / "PG_VERSION").is_file()
-    if fresh:
-        _initdb(folder, data)
-    if os.geteuid() == 0:
-        shutil.chown(folder, "postgres", "postgres")  # for the log and the socket
-    _run(
-        _as_postgres(
-            [
-                pg_bin("pg_ctl"), "-D", str(data), "-l", str(folder / "postgres.log"), "-w",
-                "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start",
-            ]
-        )
+    password in it: the server reads ``folder``/pgpass, see ``client_env``). ``server``: the
+    MLflow server's (uid, gid), which gets the password file."""
+    data, run = folder / DATA, folder / RUN
+    if not (data / "PG_VERSION").is_file():
+        _initdb(data)
+    private_dir(run, _postgres_owner())  # the socket and the log
+    log = run / LOG
+    proc = subprocess.run(
+        _as_postgres([
+            pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-w",
+            "-o", f"-p {port} -k {run} -c listen_addresses=127.0.0.1", "start",
+        ]),
+        capture_output=True, text=True,
     )  # fmt: skip
+    if proc.returncode != 0:
+        raise AblateError(f"PostgreSQL did not start on port {port}: {_log_cause(log)} ({log})")
     try:
         if not (folder / PASSFILE).is_file():
-            _close_trust(folder, data, port)
-        created = subprocess.run(
-            [pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE],
-            capture_output=True, text=True, env=client_env(folder),
-        )  # fmt: skip
-        if created.returncode != 0 and "already exists" not in created.stderr:
-            raise AblateError(f"createdb failed: {created.stderr.strip()}")
+            if f"local all {_superuser()} peer" in (data / "pg_hba.conf").read_text():
+                _give_role(folder, port, server)
+            else:
+                _close_trust(folder, data, port, server)
+        elif server is not None:  # the server's user reads it
+            os.chown(folder / PASSFILE, *server)
     except BaseException:
         stop_postgres(str(data))  # nothing records it yet: do not leave it running
         raise

@@ -3,15 +3,18 @@ started and stopped by pid.
 
 ``python -m ablate.tracking.server start`` creates (once) a PostgreSQL cluster under
 ``.server/pg`` that asks for a password (``ablate.tracking.postgres``) — or uses ``--db-url``
-for an existing database — and starts MLflow's basic-auth app on it with an artifact root under
-``.server/artifacts``. On the first start it generates the admin's password into
-``.server/credentials`` (owner-only, MLflow's credentials-file format; never printed). ``member``
-adds a member (reader or editor) or changes its role, ``password`` gives one a new password
-(``ablate.tracking.members``), ``stop`` stops what ``start`` started, by the pids it recorded.
+for an existing database — and starts MLflow's basic-auth app with ablate's guards
+(``ablate.tracking.serverapp``) on it, with an artifact root under ``.server/artifacts``. On the
+first start it generates the admin's password into ``.server/credentials`` (owner-only, MLflow's
+credentials-file format; never printed). ``member`` adds a member (reader or editor) or changes
+its role, ``password`` gives one a new password (``ablate.tracking.members``), ``stop`` stops
+what ``start`` started, by the pids it recorded.
 
-Users and permissions live in ``.server/basic_auth.db`` (sqlite), beside the server whatever
-database ``--db-url`` names: their password hashes stay on this machine, and writes to it are
-few (a member added, an experiment created).
+Started as root, the MLflow server runs as a system user of its own (``ablate-mlflow``, created
+once), which owns only what it writes: ``.server/mlflow`` (its user store, ``basic_auth.db``),
+``.server/artifacts`` and its two settings files (``basic_auth.ini``, ``pgpass``); the admin's
+and the members' credentials stay root's. Everything the server writes is its owner's alone
+(umask 077); logs are opened without following symlinks.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from ablate.config import project_root
 from ablate.errors import AblateError
 from ablate.tracking import procs
 from ablate.tracking.auth import (
+    ENV_PASSWORD,
+    ENV_USER,
     as_user,
     check_server,
     health,
@@ -41,11 +46,14 @@ from ablate.tracking.auth import (
     write_private,
 )
 from ablate.tracking.postgres import client_env, start_postgres, stop_postgres
+from ablate.tracking.serverapp import APP_NAME, DEFAULT_MAX_UPLOAD_MB, LOGINS_ENV, MAX_UPLOAD_ENV
 from ablate.tracking.serverfiles import CREDENTIALS, STATE, local_uri
+from ablate.tracking.serveruser import adopt, as_service, own_folder, service_user
 from ablate.tracking.ui import NO_JOBS
 
 ADMIN = "admin"
 AUTH_CONFIG, AUTH_DB, SECRET = "basic_auth.ini", "basic_auth.db", "flask_secret"
+HOME, ARTIFACTS, LOG = "mlflow", "artifacts", "mlflow.log"  # the server's own folders, its log
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # A password check costs the server ~0.1 s of CPU (scrypt); a worker remembers a good one this
 # long, so a password changed or a member removed is refused by every worker within a minute.
@@ -74,48 +82,74 @@ def start(
     host: str = "127.0.0.1",
     auth: bool = False,
     allowed_hosts: tuple[str, ...] = (),
+    max_upload_mb: int = DEFAULT_MAX_UPLOAD_MB,
 ) -> str:
-    """Start PostgreSQL (unless ``db_url``) and the MLflow server; return the tracking URI.
+    """Start PostgreSQL (unless ``db_url``; on ``pg_port``, 0: a free one) and the MLflow
+    server; return the tracking URI.
 
-    ``auth``: MLflow's basic-auth app (``make server`` always asks for it); without it the server
-    is open to whoever reaches the port, so it must stay on loopback.
+    ``auth``: MLflow's basic-auth app with ablate's guards (``make server`` always asks for it);
+    without it the server is open to whoever reaches the port, so it must stay on loopback.
     """
     folder = folder.resolve()
     if host not in LOOPBACK and not auth:
         raise AblateError(f"host {host}: a server beyond 127.0.0.1 needs authentication")
-    folder.mkdir(parents=True, exist_ok=True)
+    owner = service_user()
+    own_folder(folder)
     if (folder / STATE).is_file():
         raise AblateError(f"{folder / STATE}: a server is already recorded; stop it first")
     _check_port_free(host, port)
-    env = _auth_env(folder) if auth else {}
+    if db_url is None:
+        pg_port = pg_port or _free_port()
+        _check_port_free("127.0.0.1", pg_port, "PostgreSQL's", "make server PG_PORT=...")
+    for name in (HOME, ARTIFACTS):
+        adopt(folder / name, owner)
+    env = _auth_env(folder, owner) if auth else {}
     state: dict = {"port": port, "host": host, "auth": auth}
     if db_url is None:
-        db_url = start_postgres(folder, pg_port)
+        db_url = start_postgres(folder, pg_port, owner)
         state["pg_data"] = str(folder / "pg")
-        (folder / STATE).write_text(json.dumps(state))  # stop() can stop it, whatever follows
+        state["pg_port"] = pg_port
+        write_private(folder / STATE, json.dumps(state))  # stop() can stop it, whatever follows
+    env[MAX_UPLOAD_ENV] = str(max_upload_mb)
+    env[LOGINS_ENV] = str(folder / HOME / "logins.db")
     try:
-        return _start_mlflow(folder, port, db_url, state, timeout, env, allowed_hosts)
+        return _start_mlflow(folder, port, db_url, state, timeout, env, allowed_hosts, owner)
     except BaseException:
         stop(folder)
         raise
 
 
-def _auth_env(folder: Path) -> dict[str, str]:
-    """The basic-auth app's settings (``folder``/basic_auth.ini) and secrets, passed to the
-    server in its environment: the admin's password from ``folder``/credentials, made on the
-    first start."""
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _auth_env(folder: Path, owner: tuple[int, int] | None) -> dict[str, str]:
+    """The basic-auth app's settings (``folder``/basic_auth.ini, the server's to read) and
+    secrets, passed to the server in its environment: the admin's password from
+    ``folder``/credentials (made on the first start) only while the user store is new."""
     try:
         import flask_wtf  # noqa: F401  (MLflow's auth extra)
     except ImportError:
         raise AblateError(
             "MLflow's authentication needs its extra: pip install 'mlflow[auth]'"
         ) from None
+    from importlib.metadata import entry_points
+
+    if not entry_points(group="mlflow.app", name=APP_NAME):
+        raise AblateError(f"MLflow's app {APP_NAME!r} is not installed: run make setup")
+    user_db = folder / HOME / AUTH_DB
+    if (folder / AUTH_DB).is_file() and not user_db.exists():  # where an earlier ablate kept it
+        os.replace(folder / AUTH_DB, user_db)
+    if user_db.is_file() and owner is not None:
+        os.chown(user_db, *owner, follow_symlinks=False)
     creds = folder / CREDENTIALS
     if not creds.is_file():
-        if (folder / AUTH_DB).is_file():
+        if user_db.is_file():
             raise AblateError(
-                f"{creds} is missing but {folder / AUTH_DB} holds the admin user: restore the "
-                f"file, or move {folder / AUTH_DB} away (its members go with it)"
+                f"{creds} is missing but {user_db} holds the admin user: restore the "
+                f"file, or move {user_db} away (its members go with it)"
             )
         write_credentials(creds, ADMIN, new_password())
     if not (folder / SECRET).is_file():
@@ -124,17 +158,20 @@ def _auth_env(folder: Path) -> dict[str, str]:
     write_private(
         folder / AUTH_CONFIG,
         "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
-        f"database_uri = sqlite:///{folder / AUTH_DB}\nadmin_username = {ADMIN}\n"
+        f"database_uri = sqlite:///{user_db}\nadmin_username = {ADMIN}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
         f"auth_cache_ttl_seconds = {AUTH_CACHE_S}\n",
+        owner,
     )
     user, password = read_credentials(creds)
-    return {
+    env = {
         "MLFLOW_AUTH_CONFIG_PATH": str(folder / AUTH_CONFIG),
         "MLFLOW_AUTH_ADMIN_USERNAME": user,
-        "MLFLOW_AUTH_ADMIN_PASSWORD": password,  # used once, when the user store is created
         "MLFLOW_FLASK_SERVER_SECRET_KEY": (folder / SECRET).read_text().strip(),
     }
+    if not user_db.exists():  # used once, when the user store is created
+        env["MLFLOW_AUTH_ADMIN_PASSWORD"] = password
+    return env
 
 
 def allowed_host_patterns(host: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -154,27 +191,44 @@ def _start_mlflow(
     timeout: float,
     auth_env: dict[str, str],
     allowed_hosts: tuple[str, ...] = (),
+    owner: tuple[int, int] | None = None,
 ) -> str:
-    (folder / "artifacts").mkdir(exist_ok=True)
     host = state.get("host", "127.0.0.1")
-    log = open(folder / "mlflow.log", "ab")  # noqa: SIM115  (the server outlives this function)
-    env = {**NO_JOBS, **client_env(folder), "MLFLOW_DISABLE_TELEMETRY": "true", **auth_env}
+    # root's file, appended to by the server through this descriptor; a symlink is refused
+    try:
+        log = os.open(folder / LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise AblateError(
+            f"{folder / LOG}: cannot open the server's log ({exc.strerror}; a symlink there is "
+            f"refused): move it away"
+        ) from None
+    hidden = (ENV_USER, ENV_PASSWORD, "MLFLOW_AUTH_ADMIN_PASSWORD")
+    env = {k: v for k, v in {**NO_JOBS, **client_env(folder)}.items() if k not in hidden}
+    env.update(MLFLOW_DISABLE_TELEMETRY="true", HOME=str(folder / HOME), **auth_env)
     cmd = [
         sys.executable, "-m", "mlflow", "server",
         "--backend-store-uri", db_url,
-        "--artifacts-destination", str(folder / "artifacts"),
+        "--artifacts-destination", str(folder / ARTIFACTS),
         "--host", host, "--port", str(port), "--workers", "2",
     ]  # fmt: skip
-    if auth_env:
-        cmd += ["--app-name", "basic-auth"]
+    if "MLFLOW_AUTH_CONFIG_PATH" in auth_env:
+        cmd += ["--app-name", APP_NAME]
     if host not in LOOPBACK:
         cmd += ["--allowed-hosts", ",".join(allowed_host_patterns(host, allowed_hosts))]
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
+    if owner is not None:
+        import ablate
+
+        cmd = as_service(cmd, owner, [Path(sys.prefix), Path(ablate.__file__).parent, folder])
+    try:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            cwd=folder / HOME, umask=0o077,
+        )  # fmt: skip
+    finally:
+        os.close(log)
     state["mlflow_pid"] = proc.pid
     state["mlflow_started"] = procs.started(proc.pid)
-    (folder / STATE).write_text(json.dumps(state))
+    write_private(folder / STATE, json.dumps(state))
     uri = local_uri(folder)
     wait_healthy(uri, timeout, proc)
     if proc.poll() is not None:  # something else answered on the port
@@ -185,7 +239,9 @@ def _start_mlflow(
     return uri
 
 
-def _check_port_free(host: str, port: int) -> None:
+def _check_port_free(
+    host: str, port: int, whose: str = "", fix: str = "--port (make server PORT=...)"
+) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         # as the server binds: a port left in TIME_WAIT is free, a listening one is not
@@ -193,9 +249,10 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
+            also = "" if whose else "; `make ui` uses it too?"
             raise AblateError(
-                f"port {port} on {host} is taken ({exc.strerror}; `make ui` uses it too?): "
-                f"choose another with --port (make server PORT=...)"
+                f"{whose + ' ' if whose else ''}port {port} on {host} is taken "
+                f"({exc.strerror}{also}): choose another with {fix}"
             ) from None
 
 
@@ -242,7 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     begin = sub.add_parser("start", help="start the server (and its database)")
     begin.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
     begin.add_argument("--port", type=int, default=5000, help="MLflow server port")
-    begin.add_argument("--pg-port", type=int, default=5433, help="local PostgreSQL port")
+    begin.add_argument("--pg-port", type=int, default=0, help="PostgreSQL's port (0: a free one)")
+    begin.add_argument("--max-upload-mb", type=int, default=DEFAULT_MAX_UPLOAD_MB,
+                       help="largest upload (an artifact) the server takes, in MB")  # fmt: skip
     begin.add_argument("--db-url", default=None, help="existing database (SQLAlchemy URL)")
     begin.add_argument("--allowed-hosts", default="", help="more names clients use, a,b")
     sub.add_parser("stop", help="stop what start started")
@@ -257,7 +316,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.action == "start":
             extra = tuple(h for h in args.allowed_hosts.split(",") if h)
             uri = start(args.dir, args.port, args.pg_port, args.db_url, host=args.host,
-                        auth=True, allowed_hosts=extra)  # fmt: skip
+                        auth=True, allowed_hosts=extra,
+                        max_upload_mb=args.max_upload_mb)  # fmt: skip
             shown = uri if args.host in LOOPBACK else f"http://<this host>:{args.port}"
             print(f"MLflow server at {shown} with authentication (logs in {args.dir});")
             print(f"  the admin's password is in {args.dir / CREDENTIALS} (MLflow's format)")

@@ -1,0 +1,118 @@
+"""Who owns what of the team server's folder (``.server/``), and the user the MLflow server
+runs as.
+
+Started as root, the server runs as a system user of its own (``ablate-mlflow``, created once
+with ``useradd``): it owns its folders and settings files, and nothing of root's. ``.server/``
+stays root's (0711: the server's user and PostgreSQL pass through to their own folders; nobody
+else lists or changes it). Started as another user, everything is that user's (0700).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+from ablate.errors import AblateError
+from ablate.tracking.postgres import private_dir
+
+SERVICE_USER = "ablate-mlflow"
+MEMBERS = "members"
+
+# In a mount namespace of its own: a tmpfs hides the closed folder ($2), in which only the
+# Python installation ($1) is mounted back; then exec the rest ("$@", as the server's user).
+_REVEAL = (
+    'set -e; s=$(mktemp -d); mount --bind "$1" "$s"; '
+    'mount -t tmpfs -o mode=0711,size=1m ablate "$2"; mkdir -p "$1"; mount --move "$s" "$1"; '
+    'rmdir "$s"; shift 2; exec "$@"'
+)
+
+
+def service_user() -> tuple[int, int] | None:
+    """(uid, gid) of the server's own user when we are root (created once), else None: the
+    server runs as whoever starts it."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                SERVICE_USER,
+            ],
+            capture_output=True,
+        )  # fmt: skip  (a start beside this one may have created it: looked up again)
+        try:
+            entry = pwd.getpwnam(SERVICE_USER)
+        except KeyError:
+            raise AblateError(
+                f"could not create the server's user {SERVICE_USER} (useradd): create it "
+                f"(useradd --system {SERVICE_USER}) or start the server as another user"
+            ) from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def own_folder(folder: Path) -> None:
+    """``folder`` ours alone; as root others may pass through (0711) to their own folders in it
+    (the server's user, PostgreSQL), never list or change it."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchown(fd, os.geteuid(), os.getegid())  # an earlier ablate gave it to postgres
+        os.fchmod(fd, 0o711 if os.geteuid() == 0 else 0o700)
+    finally:
+        os.close(fd)
+    private_dir(folder / MEMBERS, None)
+
+
+def adopt(path: Path, owner: tuple[int, int] | None) -> None:
+    """``path`` a private folder of the server's user; what an earlier root-run server wrote
+    there becomes its own (never following a symlink)."""
+    # root's so far (an earlier ablate's server): nobody else could have planted links there
+    if owner is not None and path.is_dir() and not path.is_symlink() and path.stat().st_uid == 0:
+        for root, dirs, files in os.walk(path):
+            for name in [*dirs, *files]:
+                os.chown(os.path.join(root, name), *owner, follow_symlinks=False)
+                if not os.path.islink(os.path.join(root, name)):
+                    os.chmod(os.path.join(root, name), 0o700 if name in dirs else 0o600)
+    private_dir(path, owner)
+
+
+def _closed(path: Path, gid: int) -> Path | None:
+    """The first folder above ``path`` that others (and group ``gid``) may not pass through."""
+    for parent in reversed(path.parents):
+        st = parent.stat()
+        if not (st.st_mode & 0o001 or (st.st_gid == gid and st.st_mode & 0o010)):
+            return parent
+    return None
+
+
+def as_service(cmd: list[str], owner: tuple[int, int], needed: list[Path]) -> list[str]:
+    """``cmd`` run as the server's user. When Python is installed in a folder it may not pass
+    (pyenv under /root), the server gets a mount namespace where only the installation is
+    visible there; any other of the ``needed`` paths behind a closed folder is an error."""
+    drop = ["setpriv", f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups",
+            "--no-new-privs", "--"]  # fmt: skip
+    python = Path(sys.base_prefix).resolve()
+    for path in needed:
+        if (closed := _closed(path.resolve(), owner[1])) is not None:
+            raise AblateError(
+                f"{path}: the server's user {SERVICE_USER} cannot reach it ({closed} is closed to "
+                f"other users): keep the checkout and .server/ where other users may pass"
+            )
+    closed = _closed(python / "bin", owner[1])
+    if closed is None:
+        return [*drop, *cmd]
+    top = closed / python.relative_to(closed).parts[0]  # what to mount back in the closed folder
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _REVEAL, "sh",
+            str(top), str(closed), *drop, *cmd]  # fmt: skip

@@ -1,0 +1,277 @@
+"""The team server attacked from inside, as a member would (an editor, a reader of one
+experiment, another local user of the host), against a real server started as root the way
+``make server`` starts it: each attack fails.
+
+One server for the file (with a 1 MB upload limit); the failed-login tests come last, since
+they lock this host's address out."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import psycopg2
+import pytest
+import requests
+from test_scale import free_port
+
+from ablate.errors import AblateError
+from ablate.tracking import members, server
+from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, read_credentials
+from ablate.tracking.serverapp import password_problem
+from ablate.tracking.serveruser import SERVICE_USER
+
+CLI = [sys.executable, "-m", "ablate.tracking.server"]
+API = "/api/2.0/mlflow"
+PROXY = "/api/2.0/mlflow-artifacts/artifacts"
+STRONG = "tidal-Orchid-58-velvet"
+
+
+@pytest.fixture(scope="module")
+def srv():
+    """The server as ``make server`` starts it (as root), with ``ed``, an editor, and ``rita``,
+    a reader of experiment ``notes`` only, added with ``make member``'s command."""
+    folder = Path(tempfile.mkdtemp(prefix="ablate-hard-"))
+    folder.chmod(0o755)  # the postgres user must reach it
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_USER, ENV_PASSWORD)}
+    cli = [*CLI, "--dir", str(folder)]
+    started = subprocess.run(
+        [*cli, "start", "--port", str(port), "--max-upload-mb", "1"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        added = subprocess.run(
+            [*cli, "member", "ed", "--role", "editor"], capture_output=True, text=True, env=env
+        )
+        assert added.returncode == 0 and "Warning" not in added.stderr, added.stderr
+        server.main(["--dir", str(folder), "member", "rita", "--role", "reader",
+                     "--experiments", "notes"])  # fmt: skip
+        yield SimpleNamespace(
+            uri=f"http://127.0.0.1:{port}", folder=folder,
+            admin=read_credentials(folder / server.CREDENTIALS),
+            ed=read_credentials(members.member_file(folder, "ed")),
+            rita=read_credentials(members.member_file(folder, "rita")),
+        )  # fmt: skip
+    finally:
+        server.stop(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def call(srv, method: str, path: str, auth=None, **kwargs) -> requests.Response:
+    return requests.request(method, f"{srv.uri}{path}", auth=auth, timeout=30, **kwargs)
+
+
+def new_run(srv, experiment: str) -> tuple[str, str]:
+    """(experiment id, run id) of a new run of the editor's in ``experiment``."""
+    found = call(srv, "GET", f"{API}/experiments/get-by-name", srv.ed,
+                 params={"experiment_name": experiment})  # fmt: skip
+    if found.status_code == 200:
+        exp = found.json()["experiment"]["experiment_id"]
+    else:
+        exp = call(srv, "POST", f"{API}/experiments/create", srv.ed, json={"name": experiment})
+        exp = exp.json()["experiment_id"]
+    run = call(srv, "POST", f"{API}/runs/create", srv.ed, json={"experiment_id": exp})
+    return exp, run.json()["run"]["info"]["run_id"]
+
+
+def test_only_the_documented_routes_answer_without_a_password(srv):
+    assert call(srv, "GET", "/health").status_code == 200
+    info = call(srv, "GET", "/api/3.0/mlflow/server-info")
+    assert info.status_code == 200 and "SqlStore" in info.text  # its settings, no data
+    assert call(srv, "GET", "/static-files/favicon.svg").status_code in (200, 404)
+    closed = ["/", "/version", "/graphql", "/signup", "/get-artifact", "/metrics"]
+    closed += [f"{API}/experiments/search", f"{PROXY}/0/x", "/ajax-api/2.0/mlflow/users/list"]
+    for path in closed:
+        assert call(srv, "GET", path).status_code == 401, path
+
+
+def test_a_malformed_authorization_header_is_a_401(srv):
+    for header in ("Bearer abc", "Basic !!!", f"Basic {base64.b64encode(b'nocolon').decode()}",
+                   "Digest username=admin"):  # fmt: skip
+        answer = call(srv, "GET", f"{API}/experiments/search", headers={"Authorization": header})
+        assert answer.status_code == 401 and "Traceback" not in answer.text, header
+
+
+def test_experiments_live_in_the_servers_store_whoever_asks(srv):
+    for who in (srv.admin, srv.ed, srv.rita):
+        for place in ("file:///tmp/ablate-leak", "s3://bucket/x", "dbfs:/x", "models:/m/1"):
+            body = {"name": f"at-{uuid.uuid4().hex[:6]}", "artifact_location": place}
+            answer = call(srv, "POST", f"{API}/experiments/create", who, json=body)
+            assert answer.status_code == 400 and "artifact_location" in answer.text, place
+    assert not Path("/tmp/ablate-leak").exists()
+
+
+def test_the_artifact_routes_never_follow_a_symlink_out_of_the_store(srv):
+    exp, run = new_run(srv, "links")
+    base = f"{PROXY}/{exp}/{run}/artifacts"
+    assert call(srv, "PUT", f"{base}/ok.txt", srv.ed, data=b"fine").status_code == 200
+    # a link planted in the run's folder (root stands in for whoever could write there)
+    link = srv.folder / "artifacts" / exp / run / "artifacts" / "leak"
+    link.symlink_to(srv.folder)
+    admin_password = srv.admin[1]
+    for method, path, kwargs in (
+        ("GET", "/get-artifact", {"params": {"run_uuid": run, "path": "leak/credentials"}}),
+        ("GET", f"{base}/leak/credentials", {}),
+        ("GET", f"{API}/artifacts/list", {"params": {"run_id": run, "path": "leak"}}),
+        ("PUT", f"{base}/leak/planted.txt", {"data": b"x"}),
+    ):
+        for who in (srv.ed, srv.admin):
+            answer = call(srv, method, path, who, **kwargs)
+            assert answer.status_code >= 400 and admin_password not in answer.text, (path, who)
+    assert not (srv.folder / "planted.txt").exists()
+    got = call(srv, "GET", "/get-artifact", srv.ed, params={"run_uuid": run, "path": "ok.txt"})
+    assert got.text == "fine"  # the store itself still serves
+
+
+def test_a_reader_creates_nothing_and_an_editor_what_it_is_granted(srv):
+    exp, run = new_run(srv, "notes")
+    refused = {
+        "experiment": ("POST", f"{API}/experiments/create", {"json": {"name": "ritas"}}),
+        "run": ("POST", f"{API}/runs/create", {"json": {"experiment_id": exp}}),
+        "logged model": ("POST", "/api/2.0/mlflow/logged-models", {"json": {"experiment_id": exp}}),
+        "registered model": ("POST", f"{API}/registered-models/create", {"json": {"name": "m"}}),
+        "upload": ("PUT", f"{PROXY}/{exp}/{run}/artifacts/r.txt", {"data": b"x"}),
+        "users": ("GET", f"{API}/users/list", {}),
+        "another user": ("GET", f"{API}/users/get", {"params": {"username": "ed"}}),
+    }
+    for what, (method, path, kwargs) in refused.items():
+        assert call(srv, method, path, srv.rita, **kwargs).status_code == 403, what
+    mine = call(srv, "GET", f"{API}/users/get", srv.rita, params={"username": "rita"})
+    assert mine.status_code == 200
+    assert call(srv, "GET", f"{API}/users/list", srv.admin).status_code == 200
+    # the editor: experiments, runs, uploads
+    assert call(srv, "POST", f"{API}/experiments/create", srv.ed,
+                json={"name": "eds"}).status_code == 200  # fmt: skip
+    assert call(srv, "GET", f"{API}/users/list", srv.ed).status_code == 403
+
+
+def test_uploads_have_a_size_limit(srv):
+    exp, run = new_run(srv, "sizes")
+    base = f"{PROXY}/{exp}/{run}/artifacts"
+    assert call(srv, "PUT", f"{base}/small.bin", srv.ed, data=b"0" * 2**19).status_code == 200
+    big = call(srv, "PUT", f"{base}/big.bin", srv.ed, data=b"0" * (2**20 + 1))
+    assert big.status_code == 413 and "1 MB" in big.text
+    chunked = call(srv, "PUT", f"{base}/chunked.bin", srv.ed, data=iter([b"0" * 1024]))
+    assert chunked.status_code == 411
+    assert not list((srv.folder / "artifacts").rglob("big.bin"))
+
+
+def test_a_password_is_long_and_uncommon_wherever_it_is_set(srv):
+    for weak in ("password1234", "short-1", "Qwerty123456!", "111111111111", "mlflow-2026!!"):
+        assert password_problem(weak), weak
+        answer = call(srv, "POST", f"{API}/users/create", srv.admin,
+                      json={"username": "weak", "password": weak})  # fmt: skip
+        assert answer.status_code == 400 and "password" in answer.text, weak
+    created = call(srv, "POST", f"{API}/users/create", srv.admin,
+                   json={"username": "weak", "password": STRONG})  # fmt: skip
+    assert created.status_code == 200
+    change = {"username": "weak", "current_password": STRONG}
+    assert call(srv, "PATCH", f"{API}/users/update-password", ("weak", STRONG),
+                json={**change, "password": "letmein12345"}).status_code == 400  # fmt: skip
+    assert call(srv, "PATCH", f"{API}/users/update-password", ("weak", STRONG),
+                json={**change, "password": STRONG + "-2"}).status_code == 200  # fmt: skip
+
+
+def test_the_server_runs_as_its_own_user_with_root_files_out_of_reach(srv):
+    state = json.loads((srv.folder / server.STATE).read_text())
+    assert psutil.Process(state["mlflow_pid"]).username() == SERVICE_USER
+    top = srv.folder.stat()
+    assert top.st_uid == 0 and stat.S_IMODE(top.st_mode) == 0o711  # never postgres's
+    owners = {p.name: pwd.getpwuid(p.stat().st_uid).pw_name for p in srv.folder.iterdir()}
+    assert {n for n, o in owners.items() if o == "postgres"} == {"pg", "postgres"}
+    assert owners[server.LOG] == owners[server.CREDENTIALS] == owners["members"] == "root"
+    # the server's user reads neither the admin's nor a member's credentials
+    for secret in (srv.folder / server.CREDENTIALS, members.member_file(srv.folder, "ed")):
+        peek = subprocess.run(["runuser", "-u", SERVICE_USER, "--", "cat", str(secret)],
+                              capture_output=True, text=True)  # fmt: skip
+        assert peek.returncode != 0 and "Permission denied" in peek.stderr
+    # the database role owns its database and is no superuser: no program runs through it
+    url = os.environ.get("PGPASSFILE")
+    os.environ["PGPASSFILE"] = str(srv.folder / "pgpass")
+    try:
+        pg_port = state["pg_port"]
+        with psycopg2.connect(host="127.0.0.1", port=pg_port, user="ablate", dbname="mlflow") as db:
+            cur = db.cursor()
+            cur.execute("SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = 'ablate'")
+            assert cur.fetchone() == (False, False)
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute("COPY (SELECT 1) TO PROGRAM 'id'")
+    finally:
+        os.environ.pop("PGPASSFILE") if url is None else os.environ.update(PGPASSFILE=url)
+
+
+def test_another_local_user_reads_nothing_of_the_server(srv):
+    # every file the server wrote (its store, artifacts, log, user store) is its owner's alone
+    for path in srv.folder.rglob("*"):
+        mode = path.lstat().st_mode
+        if not (stat.S_ISSOCK(mode) or stat.S_ISLNK(mode)):
+            assert mode & 0o077 == 0, path
+    name = f"ablate-probe{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", name], check=True, capture_output=True)
+    try:
+        targets = [str(p) for p in srv.folder.rglob("*") if p.is_file() and not p.is_symlink()]
+        probe = subprocess.run(
+            ["runuser", "-u", name, "--", "sh", "-c",
+             'for f in "$@"; do cat "$f" >/dev/null 2>&1 && echo "read $f"; done; '
+             'ls "$0" >/dev/null 2>&1 && echo "listed $0"; true', str(srv.folder), *targets],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert probe.returncode == 0 and probe.stdout == "", probe.stdout[:2000]
+        assert len(targets) > 10  # the store, the user store, the database, the log, ...
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_a_taken_database_port_or_a_planted_log_link_is_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AblateError, match=rf"PostgreSQL's port {port} .* PG_PORT="):
+            server.start(tmp_path / "a", free_port(), port, db_url=None)
+    folder = tmp_path / "b"
+    folder.mkdir()
+    (folder / server.LOG).symlink_to(tmp_path / "elsewhere.log")
+    with pytest.raises(AblateError, match=f"{server.LOG}.*symlink"):
+        server.start(folder, free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db")
+    assert not (tmp_path / "elsewhere.log").exists()
+
+
+def test_failed_logins_are_limited_per_user(srv):
+    assert call(srv, "POST", f"{API}/users/create", srv.admin,
+                json={"username": "victim", "password": STRONG}).status_code == 200  # fmt: skip
+    with requests.Session() as one:  # the server's two workers count together
+        codes = [
+            one.get(f"{srv.uri}{API}/experiments/search", auth=("victim", f"guess-{i}")).status_code
+            for i in range(11)
+        ]
+        assert codes == [401] * 10 + [429]
+        right = one.get(f"{srv.uri}{API}/experiments/search", auth=("victim", STRONG))
+        assert right.status_code == 429 and "try again later" in right.text
+
+
+def test_failed_logins_are_limited_per_address(srv):  # last: this host is locked out after
+    with requests.Session() as one:
+        codes = [
+            one.get(
+                f"{srv.uri}{API}/experiments/search", auth=(f"u{i}", "a-guess-1234")
+            ).status_code
+            for i in range(31)
+        ]
+        first = codes.index(429)  # the victim's failures above count for this address too
+        assert 20 <= first <= 30 and codes[first:] == [429] * (31 - first)
+        assert one.get(f"{srv.uri}{API}/experiments/search", auth=srv.admin).status_code == 429
