@@ -28,7 +28,7 @@ import requests
 from test_scale import free_port
 
 from ablate.errors import AblateError
-from ablate.tracking import members, server
+from ablate.tracking import members, postgres, server
 from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, read_credentials
 from ablate.tracking.serverapp import password_problem
 from ablate.tracking.serveruser import SERVICE_USER
@@ -249,6 +249,34 @@ def test_a_taken_database_port_or_a_planted_log_link_is_one_line(tmp_path):
     with pytest.raises(AblateError, match=f"{server.LOG}.*symlink"):
         server.start(folder, free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db")
     assert not (tmp_path / "elsewhere.log").exists()
+
+
+def test_a_cluster_from_an_earlier_ablate_loses_its_superuser_role():
+    # as an earlier ablate made it: the server's role is the cluster's first superuser
+    folder = Path(tempfile.mkdtemp(prefix="ablate-old-"))
+    folder.chmod(0o755)
+    data, password = folder / "pg", "legacy-Pass-0192-xyz"
+    data.mkdir(mode=0o700)
+    shutil.chown(data, "postgres", "postgres")
+    (folder / "initpw").write_text(password + "\n")
+    subprocess.run(
+        ["runuser", "-u", "postgres", "--", postgres.pg_bin("initdb"), "-D", str(data), "-U",
+         "ablate", "-A", "scram-sha-256", f"--pwfile={folder / 'initpw'}"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (folder / "pgpass").write_text(f"127.0.0.1:*:*:ablate:{password}\n")
+    (folder / "pgpass").chmod(0o600)
+    port = free_port()
+    try:
+        postgres.start_postgres(folder, port)
+        with psycopg2.connect(host="127.0.0.1", port=port, user="ablate", dbname="postgres",
+                              passfile=str(folder / "pgpass")) as db:  # fmt: skip
+            cur = db.cursor()
+            cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'ablate'")
+            assert cur.fetchone() == (False,)
+    finally:
+        postgres.stop_postgres(str(data))
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_failed_logins_are_limited_per_user(srv):

@@ -27,9 +27,14 @@ _SECTION = "mlflow"
 _PROBE = "/api/2.0/mlflow/experiments/search"
 
 
-def new_password() -> str:
-    """A random password (24 URL-safe characters; MLflow asks for at least 12)."""
-    return secrets.token_urlsafe(18)
+def new_password(username: str = "") -> str:
+    """A random password (24 URL-safe characters) that the team server takes for ``username``
+    (``ablate.tracking.serverapp.password_problem``: a random one contains the name rarely)."""
+    from ablate.tracking.serverapp import password_problem
+
+    while password_problem(password := secrets.token_urlsafe(18), username):
+        pass
+    return password
 
 
 def write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -> None:

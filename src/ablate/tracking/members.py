@@ -149,7 +149,7 @@ def set_member(folder: Path, name: str, role: str, experiments: list[str] = ()) 
                     ):
                         client.revoke_user_permission(name, kind, pattern)
             else:
-                password = new_password()
+                password = new_password(name)
                 client.create_user(name, password)
                 created = member_file(folder, name)
                 write_credentials(created, name, password)
@@ -168,7 +168,7 @@ def new_password_for(folder: Path, name: str) -> Path:
     from mlflow.exceptions import MlflowException
 
     uri, (admin, admin_password) = _admin(folder)
-    password = new_password()
+    password = new_password(name)
     with as_user(admin, admin_password):
         client = _client(uri)
         try:

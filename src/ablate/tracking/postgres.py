@@ -156,6 +156,29 @@ def _close_trust(folder: Path, data: Path, port: int, server: tuple[int, int] | 
     _run(_as_postgres([pg_bin("pg_ctl"), "-D", str(data), "reload"]))
 
 
+def _demote(folder: Path, data: Path, port: int) -> None:
+    """A cluster made by an earlier ablate, whose server role was the cluster's superuser: the
+    OS user that runs PostgreSQL becomes the superuser (on the socket, as itself), the role an
+    ordinary owner of its database."""
+    su = _superuser()
+    proc = subprocess.run(
+        [pg_bin("psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(port), "-U", USER,
+         "-d", "postgres", "-v", "ON_ERROR_STOP=1"],
+        input=f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{su}') THEN "
+        f'CREATE ROLE "{su}" SUPERUSER LOGIN; END IF; END$$;\nSET ROLE "{su}";\n'
+        f"ALTER ROLE {USER} NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION;\n",
+        capture_output=True, text=True, env=client_env(folder),
+    )  # fmt: skip
+    if proc.returncode != 0:  # PostgreSQL 16 and later keep their first role a superuser
+        raise AblateError(
+            f"the database role {USER} of {data} is its cluster's superuser (made by an earlier "
+            f"ablate) and cannot be demoted ({proc.stderr.strip()}): dump the database "
+            f"(pg_dump), move {data} away and restore it into the new cluster"
+        )
+    write_private(data / "pg_hba.conf", _hba(su), _postgres_owner())
+    _run(_as_postgres([pg_bin("pg_ctl"), "-D", str(data), "reload"]))
+
+
 def _log_cause(log: Path) -> str:
     """The last FATAL or ERROR line of PostgreSQL's log: why it did not start."""
     try:
@@ -185,12 +208,15 @@ def start_postgres(folder: Path, port: int, server: tuple[int, int] | None = Non
     if proc.returncode != 0:
         raise AblateError(f"PostgreSQL did not start on port {port}: {_log_cause(log)} ({log})")
     try:
+        ours = f"local all {_superuser()} peer" in (data / "pg_hba.conf").read_text()
         if not (folder / PASSFILE).is_file():
-            if f"local all {_superuser()} peer" in (data / "pg_hba.conf").read_text():
+            if ours:
                 _give_role(folder, port, server)
             else:
                 _close_trust(folder, data, port, server)
-        elif server is not None:  # the server's user reads it
+        if not ours:
+            _demote(folder, data, port)
+        if server is not None:  # the server's user reads it
             os.chown(folder / PASSFILE, *server)
     except BaseException:
         stop_postgres(str(data))  # nothing records it yet: do not leave it running

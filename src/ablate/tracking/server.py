@@ -151,7 +151,7 @@ def _auth_env(folder: Path, owner: tuple[int, int] | None) -> dict[str, str]:
                 f"{creds} is missing but {user_db} holds the admin user: restore the "
                 f"file, or move {user_db} away (its members go with it)"
             )
-        write_credentials(creds, ADMIN, new_password())
+        write_credentials(creds, ADMIN, new_password(ADMIN))
     if not (folder / SECRET).is_file():
         write_private(folder / SECRET, secrets.token_hex(32))
     # a member sees only the experiments granted to it (ablate.tracking.members)

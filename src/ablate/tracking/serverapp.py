@@ -51,7 +51,8 @@ _LEADING = re.compile(r"^[\d\W_]+")
 
 def password_problem(password: str, username: str = "") -> str | None:
     """Why ``password`` may not be set (None: it may): too short, a common word with digits or
-    signs around it, few distinct characters, a run of keys or digits, or the user's name."""
+    signs around it, few distinct characters, a run of keys or digits, or the user's name (of
+    3 characters or more)."""
     if len(password) < MIN_PASSWORD:
         return f"a password needs at least {MIN_PASSWORD} characters"
     low = password.lower()
@@ -62,7 +63,7 @@ def password_problem(password: str, username: str = "") -> str | None:
         or not core
         or len(set(low)) < 5
         or any(low in s * 2 for s in sequences)
-        or (username and username.lower() in low)
+        or (len(username) >= 3 and username.lower() in low)
     ):
         return "this password is too common or too easy to guess: choose another"
     return None
