@@ -139,12 +139,17 @@ def _sweep_tags() -> dict[str, str]:
 
 
 def where_to_browse(uri: str, experiment_id: str, run_id: str) -> str:
-    """How to see a run in MLflow's UI: its page on a tracking server, or ``make ui`` and the
-    page it will be at."""
+    """How to see a run in MLflow's UI: its page on a tracking server or on the ``make ui`` that
+    serves this store now, else ``make ui`` (on ``$PORT``, as the Makefile) and the page it
+    will be at."""
     if uri.startswith(("http://", "https://")):
         return f"open {ui.address(uri, experiment_id, run_id)}"
-    page = ui.address(f"http://{ui.HOST}:{ui.PORT}", experiment_id, run_id)
-    return f"browse it with: make ui, then {page}"
+    if (base := ui.serving(uri)) is not None:  # the make ui that serves this store now
+        return f"open {ui.address(base, experiment_id, run_id)} (make ui serves this store)"
+    port = os.environ.get("PORT", ui.PORT)
+    page = ui.address(f"http://{ui.HOST}:{port}", experiment_id, run_id)
+    make = "make ui" if port == ui.PORT else f"make ui PORT={port}"
+    return f"browse it with: {make}, then {page}"
 
 
 def reused(twin) -> None:
@@ -313,6 +318,11 @@ def start_run(
             tags[MLFLOW_PARENT_RUN_ID] = parent
         # the tags mlflow.start_run adds (source, user, git), without its process-global state
         run_id = client.create_run(experiment_id, tags=context.resolve_tags(tags)).info.run_id
+    with contextlib.suppress(MlflowException):  # a view to open, not the run's record
+        from ablate import tasks
+
+        task = cfg.data.task
+        ui.set_view(client, experiment_id, task, tasks.get(task).primary_metric)
     run = Run(run_id, cfg, Journal(journal_folder(run_id), uri, run_id), resumed)
     run.experiment_id = experiment_id
     run.system_metrics()
