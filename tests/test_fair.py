@@ -10,7 +10,6 @@ from omegaconf import OmegaConf
 
 from ablate import docs, report, search
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG
-from ablate.tracking.lrstudy import Best
 from ablate.tracking.params import OPTION_KEYS_TAG, option_keys
 
 
@@ -39,12 +38,11 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
 
     options, overrides = search.for_studies(["experiment=fair"])
     assert options == ["features", "head_only", "bitfit", "lora"]
-    assert overrides == [
-        "experiment=fair", "lr_study.freeze=[]", "~hydra.sweeper.params.seed",
-        "~hydra.sweeper.params.freeze", "tracking.experiment=fair-lr",
-    ]  # fmt: skip
-    trial = search.compose_trial("lora", overrides, hydra=True)
-    assert dict(trial.hydra.sweeper.params) == {"trainer.lr": "tag(log, interval(1e-5, 1e-3))"}
+    assert overrides == ["experiment=fair", "lr_study.freeze=[]", "tracking.experiment=fair-lr"]
+    trial = search.compose_trial("lora", overrides)
+    assert list(trial.lr_study.range) == [1e-5, 1e-2] and trial.lr_study.trials == 6
+    assert list(search.compose_trial("lora", []).lr_study.range) == [1e-5, 1e-3]  # the default
+    assert trial.tracking.tags.study == "lr-naija-minilm-lora" and not trial.trainer.keep_model
     assert search.for_studies(["freeze=bitfit"]) == (["bitfit"], ["lr_study.freeze=[]"])
     assert search.for_studies(["experiment=fair", "lr_study.freeze=[lora]"])[0] == ["lora"]
 
@@ -65,8 +63,8 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
 
     # The study: trials in fair-lr at the lrs the sampler proposes, within lr_study.range.
     search_args = [
-        *overrides, "experiment=fair", "freeze=features", "hydra.sweeper.n_trials=2",
-        "lr_study.range=[2e-3,1e-2]",
+        *overrides, "experiment=fair", "freeze=features", "lr_study.trials=2",
+        "lr_study.range=[2e-3,1e-2]", "lr_study.widen=0",
     ]  # fmt: skip
     assert search.main(search_args) == 0
     capsys.readouterr()
@@ -125,16 +123,3 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
         "`python -m ablate.train --multirun experiment=fair freeze=features` |"
     )
     assert "(tuned)" in features_row
-
-
-def test_a_best_lr_at_the_edge_of_the_searched_range_is_flagged():
-    _, overrides = search.for_studies(["experiment=fair"])
-    trials = search.compose_trial("features", overrides, hydra=True)
-    assert search.searched_range(trials) == (1e-5, 1e-2)  # lr_study.range
-    own = search.compose_trial("features", [], hydra=True)
-    assert search.searched_range(own) == (1e-5, 1e-3)  # hparams_search=lr's own
-    study = search.study_of(trials)
-    note = search.edge_note(Best(study, 6, 8e-3, 0.97, "r"), (1e-5, 1e-2))
-    assert note.startswith("warning: freeze=features: the best lr 0.008 lies in the top tenth")
-    assert "bottom tenth" in search.edge_note(Best(study, 6, 1.5e-5, 0.9, "r"), (1e-5, 1e-2))
-    assert search.edge_note(Best(study, 6, 3e-4, 0.97, "r"), (1e-5, 1e-2)) is None

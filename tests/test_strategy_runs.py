@@ -246,9 +246,9 @@ def test_a_short_real_run_per_option(slice_root, store, tmp_path):
 def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_path, capsys):
     overrides = [
         *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
-        "data.max_train_sentences=48", "hydra.sweeper.n_trials=2",
+        "data.max_train_sentences=48", "lr_study.trials=2", "lr_study.widen=0",
     ]  # fmt: skip
-    # ablate.search runs one `python -m ablate.train --multirun hparams_search=lr` per option.
+    # ablate.search runs one Optuna study per option, each trial a `python -m ablate.train` run.
     assert search.main([*overrides, "freeze=bitfit,lora"]) == 0
     table = capsys.readouterr().out
     client = MlflowClient(store)
@@ -265,7 +265,7 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
         assert all(1e-5 <= lr <= 1e-3 for lr in lrs) and lrs[0] != lrs[1]
         top = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
         row = next(line for line in table.splitlines() if f"| {name} |" in line)
-        assert f"| 2 | {float(top.data.params['trainer.lr']):.3g} |" in row
+        assert f"| 2 | 0 | 0 | {float(top.data.params['trainer.lr']):.3g} |" in row
         assert top.info.run_id in row
     # The same table again, from the store alone.
     assert search.main(["--report-only", *overrides]) == 0
@@ -273,7 +273,7 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
 
     # A later search of bitfit with other settings is its own comparison: the older trials (more
     # sentences) are left out, not pooled with it.
-    later = [*overrides, "data.max_train_sentences=24", "hydra.sweeper.n_trials=1"]
+    later = [*overrides, "data.max_train_sentences=24", "lr_study.trials=1"]
     assert search.main([*later, "freeze=bitfit"]) == 0
     row = capsys.readouterr().out.splitlines()[-1]
     (new,) = [
@@ -281,7 +281,7 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
         if r.data.params["data.max_train_sentences"] == "24"
     ]  # fmt: skip
     lr = float(new.data.params["trainer.lr"])
-    assert f"| 1 (+2 with other settings, not compared) | {lr:.3g} | best_dev_accuracy |" in row
+    assert f"| 1 (+2 with other settings, not compared) | 0 | 0 | {lr:.3g} | best_dev_acc" in row
     assert new.info.run_id in row
 
     # Every study in the store, each with its own task's objective (an NER trial logs F1).
@@ -294,4 +294,4 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
     assert search.main(["--report-only", *overrides]) == 0
     rows = capsys.readouterr().out.splitlines()
     (ner_row,) = [r for r in rows if "lr-conll2003-tiny-none" in r]
-    assert f"| 1 | 0.0003 | best_dev_f1 | 0.5000 | {ner} |" in ner_row
+    assert f"| 1 | 0 | 0 | 0.0003 | best_dev_f1 | 0.5000 | {ner} |" in ner_row

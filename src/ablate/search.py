@@ -1,32 +1,36 @@
 """A fair learning rate per freeze option: one Optuna study each, and the best lr of each.
 
-``python -m ablate.search freeze=lora,bitfit [OVERRIDE ...]`` runs, once per option,
-``python -m ablate.train --multirun hparams_search=lr freeze=<option> [OVERRIDE ...]`` (an
-in-memory study; every trial an MLflow run tagged ``study=<name>``), then prints the best lr per
-option as a markdown table. ``--report-only`` prints the table from the runs already in the store
-(with no ``freeze=`` override: every study in the experiment).
+``python -m ablate.search freeze=lora,bitfit [OVERRIDE ...]`` runs, once per option, its lr study
+(``ablate.lrstudy.study``: ``lr_study.trials`` trials over ``lr_study.range``, each a
+``python -m ablate.train hparams_search=lr freeze=<option> trainer.lr=<lr> [OVERRIDE ...]`` run
+tagged ``study=<name>``; persistent, so the same command continues a killed study and several
+workers can share one), then prints per study its trials, those pruned and the epochs saved,
+and the best lr per option as a markdown table. ``--report-only`` prints the table from the runs
+already in the store (with no ``freeze=`` override: every study in the experiment).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hydra.errors import HydraException
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig
+from optuna.exceptions import OptunaError
+from sqlalchemy.exc import SQLAlchemyError
 
 from ablate import config, tasks
 from ablate.errors import AblateError
+from ablate.lrstudy import study as lrstudy
 from ablate.overrides import check as check_overrides
 from ablate.report.lrsearch import table
-from ablate.tracking.lrstudy import Best, Study, all_studies, best
+from ablate.tracking.lrstudy import Study, all_studies, best
 from ablate.tracking.signals import pass_on
 
-PRESET = "hparams_search=lr"
+PRESET = lrstudy.PRESET
 
 
 def split_freeze(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -44,7 +48,7 @@ def split_freeze(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def compose_trial(freeze: str | None, overrides: Sequence[str], hydra: bool = False) -> DictConfig:
     """The configuration a trial of ``freeze``'s study runs with (lr aside); ``hydra``: with the
-    ``hydra`` node (its sweeper's params)."""
+    ``hydra`` node (where its job folders go)."""
     extra = [f"freeze={freeze}"] if freeze else []
     return config.compose(PRESET, *extra, *overrides, hydra=hydra)
 
@@ -54,15 +58,20 @@ def for_studies(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 
     The options are those a ``freeze=`` override names, else the preset's ``lr_study.freeze``
     (``experiment=fair``). The trials go to ``lr_study.experiment`` and train at the lr the
-    sweeper proposes (``lr_study.freeze=[]``); a preset's own sweep (seeds, freeze options) is
-    dropped: the study sweeps the lr alone.
+    study proposes (``lr_study.freeze=[]``); each trial is a single run, so a preset's own sweep
+    (seeds, freeze options) does not apply to it.
     """
+    for item in overrides:
+        if item.lstrip("+~").startswith("hydra.sweeper."):
+            raise AblateError(
+                f"{item}: an lr study is not a Hydra sweep: for its size use lr_study.trials=N "
+                "(its range: lr_study.range=[low,high])"
+            )
     options, rest = split_freeze(overrides)
-    cfg = compose_trial(None, rest, hydra=True)
+    cfg = compose_trial(None, rest)
     options = options or list(cfg.lr_study.freeze)
     rest = [o for o in rest if not o.lstrip("+").startswith("lr_study.freeze=")]
-    dropped = [f"~hydra.sweeper.params.{k}" for k in cfg.hydra.sweeper.params if k != "trainer.lr"]
-    extra = ["lr_study.freeze=[]", *dropped]
+    extra = ["lr_study.freeze=[]"]
     if cfg.lr_study.experiment:
         extra.append(f"tracking.experiment={cfg.lr_study.experiment}")
     return options, [*rest, *extra]
@@ -79,47 +88,25 @@ def study_of(cfg: DictConfig) -> Study:
     )
 
 
-def searched_range(cfg: DictConfig) -> tuple[float, float] | None:
-    """The [low, high] lr interval a study with trials of ``cfg`` (``compose_trial``, with its
-    ``hydra`` node) samples: ``lr_study.range``, else its sweeper's ``trainer.lr``
-    (hparams_search=lr)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    if cfg.lr_study.range:
-        low, high = cfg.lr_study.range
-        return float(low), float(high)
-    param = cfg.hydra.sweeper.params.get("trainer.lr")
-    if param is None:
-        return None
-    sweep = OverridesParser.create().parse_override(f"trainer.lr={param}").value()
-    return (float(sweep.start), float(sweep.end)) if hasattr(sweep, "start") else None
-
-
-def edge_note(b: Best, searched: tuple[float, float] | None) -> str | None:
-    """A warning when ``b``'s lr lies in the outer tenth (log scale) of the ``searched`` range:
-    the best lr may lie beyond it."""
-    if b.lr is None or searched is None:
-        return None
-    low, high = (math.log10(x) for x in searched)
-    where = (math.log10(b.lr) - low) / (high - low)
-    if 0.1 <= where <= 0.9:
-        return None
-    side = "top" if where > 0.9 else "bottom"
-    return (
-        f"warning: freeze={b.study.freeze}: the best lr {b.lr:.3g} lies in the {side} tenth of "
-        f"the searched range [{searched[0]:g}, {searched[1]:g}] (log scale); the best may lie "
-        "beyond it: widen it with lr_study.range=[low,high]"
-    )
-
-
-def run_study(freeze: str, overrides: Sequence[str], cfg: DictConfig) -> int:
-    """Run ``freeze``'s study (its trials' config ``cfg``) in a child process (one Hydra
-    sweep); its exit status."""
-    cmd = [sys.executable, "-m", "ablate.train", "--multirun", PRESET, f"freeze={freeze}"]
-    if span := cfg.lr_study.range:
-        # the Optuna sweeper takes a search space from the command line over its params
-        overrides = [*overrides, f"trainer.lr=tag(log,interval({span[0]},{span[1]}))"]
-    return subprocess.run([*cmd, *overrides]).returncode
+def run_studies(options: list[str], overrides: list[str]) -> list[str]:
+    """Run each option's study; print what each did and where its best lr lies. The options
+    whose study failed."""
+    failed = []
+    pass_on()  # a stop signal reaches the trial running, which closes its run KILLED
+    for option in options:
+        cfg = compose_trial(option, overrides, hydra=True)
+        folder = Path(cfg.hydra.sweep.dir) / option
+        trial_overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+        try:
+            done = lrstudy.run(compose_trial(option, overrides), trial_overrides, folder)
+        except AblateError as exc:
+            print(f"error: freeze={option}: {exc}", file=sys.stderr)
+            failed.append(option)
+            continue
+        print(done.line(), file=sys.stderr)
+        if note := lrstudy.edge_note(done, option):
+            print(note, file=sys.stderr)
+    return failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,30 +123,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "overrides",
         nargs="*",
         help="Hydra overrides: freeze=a,b (one study each; default: the preset's lr_study.freeze), "
-        "data=..., experiment=fair",
+        "lr_study.trials=N, data=..., experiment=fair",
     )
     args = parser.parse_args(argv)
     failed = []
     try:
         check_overrides(args.overrides)  # an unknown key or option: before any study runs
         options, overrides = for_studies(args.overrides)
-        trials = {o: compose_trial(o, overrides, hydra=True) for o in options or [None]}
+        trials = {o: compose_trial(o, overrides) for o in options or [None]}
+        for cfg in trials.values() if not args.report_only else ():
+            lrstudy.check(cfg)  # every study's keys, before the first one runs
         if args.report_only and not options:
             studies = all_studies(study_of(trials[None]))
         else:
             studies = [study_of(cfg) for cfg in trials.values()]
         if not args.report_only:
-            pass_on()  # a stop signal reaches the study's sweep, which stops its trials
-            for option, cfg in trials.items():
-                name = option or studies[0].freeze
-                if run_study(name, overrides, cfg) != 0:
-                    failed.append(name)
-        found = [best(s) for s in studies]
-        print(table(found))
-        for b, option in zip(found, options, strict=False):
-            if note := edge_note(b, searched_range(trials[option])):
-                print(note, file=sys.stderr)
-    except (AblateError, HydraException, MlflowException) as exc:
+            failed = run_studies(options, overrides)
+        print(table([best(s) for s in studies]))
+    except (AblateError, HydraException, MlflowException, OptunaError, SQLAlchemyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if failed:

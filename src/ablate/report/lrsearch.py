@@ -1,5 +1,6 @@
-"""The learning-rate search's table: per study, the best trial's lr and objective
-(``ablate.tracking.lrstudy`` reads them from the store)."""
+"""The learning-rate search's table: per study, its trials, those pruned and the epochs that
+saved, and the best trial's lr and objective (``ablate.tracking.lrstudy`` reads them from the
+store)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ def table(rows: Sequence[Best]) -> str:
                 b.study.freeze,
                 b.study.name,
                 trials,
+                str(b.pruned),
+                str(b.epochs_saved),
                 f"{b.lr:.3g}" if b.lr is not None else "-",
                 b.study.metric,
                 f"{b.value:.4f}" if b.value is not None else "-",
                 b.run_id or "-",
             )
         )
-    columns = ["freeze", "study", "trials", "best lr", "objective", "best value", "run"]
+    columns = [
+        "freeze", "study", "finished", "pruned", "epochs saved", "best lr", "objective",
+        "best value", "run",
+    ]  # fmt: skip
     return markdown_table(cells, columns)

@@ -1,7 +1,7 @@
-"""Learning-rate studies (``hparams_search=lr``): one freeze option's Optuna trials, tagged
-``study=<name>``, read from the store: a study's best trial, the lr a run of that option trains
-at (``lr_study.freeze``), and the command that runs the study. Used by ``ablate.train``,
-``ablate.search`` and the report."""
+"""Learning-rate studies (``ablate.lrstudy``): one freeze option's Optuna trials, tagged
+``study=<name>``, read from the store: a study's best trial (a pruned trial, KILLED and tagged
+``ablate.pruned``, is none), the lr a run of that option trains at (``lr_study.freeze``), and the
+command that runs the study. Used by ``ablate.train``, ``ablate.search`` and the report."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate import tasks
 from ablate.errors import AblateError
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG
 from ablate.tracking.params import flatten, primary_metric, settings
 
 
@@ -38,6 +39,8 @@ class Best:
     value: float | None
     run_id: str | None
     other_settings: int = 0  # finished trials of the same name run with other settings
+    pruned: int = 0  # trials with those settings that the study pruned (not candidates)
+    epochs_saved: int = 0  # the epochs those would have trained on
 
 
 def _runs(study: Study, filter_string: str):
@@ -64,22 +67,35 @@ def best(study: Study) -> Best:
     decide, the way the report treats seeds.
     """
     name = study.name.replace("'", "\\'")
-    runs = _runs(study, f"tags.study = '{name}' and attributes.status = 'FINISHED'")
+    runs = _runs(study, f"tags.study = '{name}' and attributes.status != 'RUNNING'")
+    pruned = [r for r in runs if r.data.tags.get(PRUNED_TAG) == "true"]
     scored = sorted(
-        (r for r in runs if study.metric in r.data.metrics), key=lambda r: r.info.start_time
-    )
+        (
+            r for r in runs
+            if r.info.status == "FINISHED" and study.metric in r.data.metrics
+            and r.data.tags.get(PRUNED_TAG) != "true"
+        ),
+        key=lambda r: r.info.start_time,
+    )  # fmt: skip
     if not scored:
-        return Best(study, 0, None, None, None)
+        return Best(study, 0, None, None, None, pruned=len(pruned))
     latest = _recipe(scored[-1])
     same = [r for r in scored if _recipe(r) == latest]
-    return _top(study, same, len(scored) - len(same))
+    cut = [r for r in pruned if _recipe(r) == latest]
+    saved = sum(
+        int(r.data.params.get("trainer.epochs", 0)) - int(r.data.tags[PRUNED_EPOCH_TAG])
+        for r in cut
+    )
+    return _top(study, same, len(scored) - len(same), len(cut), saved)
 
 
-def _top(study: Study, same: list, other_settings: int = 0) -> Best:
+def _top(
+    study: Study, same: list, other_settings: int = 0, pruned: int = 0, saved: int = 0
+) -> Best:
     """The best of ``study``'s finished trials ``same`` (those run with equal settings)."""
     top = max(same, key=lambda r: r.data.metrics[study.metric])
     lr, value = float(top.data.params["trainer.lr"]), top.data.metrics[study.metric]
-    return Best(study, len(same), lr, value, top.info.run_id, other_settings)
+    return Best(study, len(same), lr, value, top.info.run_id, other_settings, pruned, saved)
 
 
 def all_studies(template: Study) -> list[Study]:
@@ -115,7 +131,11 @@ def tuned_lr(cfg: DictConfig, command: str) -> Best:
         raise AblateError(
             f"{cfg.tracking.uri}: the lr study's store is not readable: {exc}"
         ) from exc
-    trials = [r for r in found if r.info.status == "FINISHED" and metric in r.data.metrics]
+    trials = [
+        r for r in found
+        if r.info.status == "FINISHED" and metric in r.data.metrics
+        and r.data.tags.get(PRUNED_TAG) != "true"
+    ]  # fmt: skip
     wanted = _lr_aside(
         {k: str(v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
     )

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PrinterCallback
 
 from ablate import plugin
+from ablate.lrstudy.pruning import callbacks as lr_trial_callbacks
 from ablate.plugin import Context
 from ablate.quiet import quieted
 from ablate.strategies.base import Applied, build_optimizer
@@ -127,6 +128,7 @@ def build_trainer(
     callbacks = [
         EpochLogger(record, task.primary_metric, task.epoch_metrics),
         *(make(record) for make in applied.callbacks),
+        *lr_trial_callbacks(cfg, record, task.primary_metric),  # an lr study's trial: its epochs
     ]
     ctx = Context(
         cfg, task, applied, applied.model, dict(features), tokenizer, record, device,

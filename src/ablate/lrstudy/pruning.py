@@ -1,0 +1,80 @@
+"""A trial's side of an lr study: after each epoch its dev metric goes to the study, which may
+prune it (``lr_study.pruner``). Active only in a trial that ``ablate.lrstudy.study`` started (it
+names the trial in ``$ABLATE_LR_TRIAL``); any other run trains as usual."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+
+from omegaconf import DictConfig
+from transformers import TrainerCallback
+
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG
+from ablate.training.callbacks import epoch_of
+from ablate.training.recorder import Recorder
+
+log = logging.getLogger("ablate")
+
+
+def pruner(study: DictConfig):
+    """The Optuna pruner ``lr_study`` asks for: ``median`` is Optuna's MedianPruner, comparing
+    from ``prune_from_epoch`` on and once 2 trials have finished."""
+    import optuna
+
+    if study.pruner == "none":
+        return optuna.pruners.NopPruner()
+    if study.pruner == "median":
+        warmup = study.prune_from_epoch
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=warmup)
+    raise ValueError(f"lr_study.pruner={study.pruner!r}: allowed: median, none")
+
+
+def callbacks(cfg: DictConfig, record: Recorder, primary: str) -> list[TrainerCallback]:
+    """The callback that reports to this process's trial, if it is one (``$ABLATE_LR_TRIAL``)."""
+    given = os.environ.get(TRIAL_ENV)
+    if not given:
+        return []
+    import optuna
+
+    trial = json.loads(given)
+    _die_with(trial["driver"])
+    study = optuna.load_study(
+        study_name=trial["study"], storage=trial["storage"], pruner=pruner(cfg.lr_study)
+    )
+    record.tags({TRIAL_TAG: f"{trial['study']}:{trial['number']}"})  # how the study finds it
+    return [ReportToStudy(optuna.Trial(study, trial["trial_id"]), record, primary)]
+
+
+def _die_with(driver: int) -> None:
+    """Be SIGKILLed when the study's process dies (Linux): a SIGKILL of the study must not leave
+    its trial training on, unseen, into the store. Done here (not in the driver's Popen
+    preexec_fn, unsafe beside Optuna's heartbeat thread); a driver gone already ends us now."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != driver:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ReportToStudy(TrainerCallback):
+    """Reports the primary dev metric of each epoch (step = epoch) to the trial; when the pruner
+    says so, tags the run pruned and stops training after this epoch."""
+
+    def __init__(self, trial, record: Recorder, primary: str):
+        self.trial = trial
+        self.record = record
+        self.primary = primary
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        epoch = epoch_of(state)
+        self.trial.report(metrics[f"eval_{self.primary}"], epoch)
+        if epoch < round(args.num_train_epochs) and self.trial.should_prune():
+            self.record.tags({PRUNED_TAG: "true", PRUNED_EPOCH_TAG: str(epoch)})
+            log.info("lr study: trial %d pruned after epoch %d (its dev %s is below the median "
+                     "of earlier trials')", self.trial.number, epoch, self.primary)  # fmt: skip
+            control.should_training_stop = True

@@ -1,0 +1,343 @@
+"""One freeze option's lr study on Optuna (``python -m ablate.search``): persistent, resumable,
+shared by several workers, pruned, and widening its range when the best lr lies at its edge.
+
+The study lives in Optuna's RDB storage (``lr_study.storage``; by default ``lr_study.db`` beside
+a sqlite tracking store), named by the MLflow study tag and a digest of the trials' settings (lr
+aside) and range, so the same command finds it again and other settings start their own. A trial
+is one ``python -m ablate.train hparams_search=lr ... trainer.lr=<lr>`` child process: a normal
+ablate run (MLflow run tagged ``study=<name>``, job folder, checkpoints, stop signals) whose
+epochs report to the trial (``ablate.lrstudy.pruning``). A child process rather than a call in
+this one: a stop signal or a crash of one trial ends that run's MLflow record the way every run's
+ends, and a SIGKILL of the study takes its trial with it (``pruning._die_with``).
+
+Kill and resume: a RUNNING trial whose study process is gone (this host: its pid; any host: no
+Optuna heartbeat for ``GRACE_S``) is failed and queued again at its lr
+(``RetryHeartbeatStaleTrialCallback``); its retry first looks for the run an earlier try ended
+(not rerun), else trains in the same job folder, which continues the KILLED run from its last
+epoch checkpoint. Several workers: a worker asks for a trial only while finished + running
+trials are fewer than the study wants or a retry is queued, and a trial that finds that many
+finished, running or queued trials numbered before it (two workers asked at once) is dropped
+unrun, so none is doubled.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ablate import tasks
+from ablate.errors import AblateError
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG
+from ablate.lrstudy.pruning import pruner
+from ablate.tracking import procs
+from ablate.tracking.identity import identity
+from ablate.tracking.store import prepare
+
+log = logging.getLogger("ablate")
+
+PRESET = "hparams_search=lr"
+HEARTBEAT_S, GRACE_S = 30, 120  # a study process on another host is dead after GRACE_S silent
+POLL_S = 5.0  # how often a worker waiting on others' trials looks again
+COUNTED = (
+    optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING,
+)  # fmt: skip
+ENDED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+
+class Surplus(Exception):
+    """The study had enough trials before this one (another worker asked at the same time)."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a study did: its trials, those pruned, the epochs pruning saved, its final range."""
+
+    name: str
+    trials: int  # finished or pruned
+    pruned: int
+    epochs_saved: int
+    epochs: int  # what all its trials would have trained unpruned
+    range: tuple[float, float]
+    widened: int
+    best_lr: float | None
+
+    def line(self) -> str:
+        widened = f", widened {self.widened}x" if self.widened else ""
+        return (
+            f"study {self.name}: {self.trials} trials, {self.pruned} pruned, {self.epochs_saved} "
+            f"of {self.epochs} epochs saved; lr range [{self.range[0]:g}, {self.range[1]:g}]"
+            f"{widened}"
+        )
+
+
+def check(cfg: DictConfig) -> None:
+    """One error per bad ``lr_study`` key, before a study or a run opens."""
+    s = cfg.lr_study
+    low, high = (list(s.range) + [0, 0])[:2]
+    problems = {
+        "trials": (s.trials < 1, "at least 1"),
+        "range": (len(s.range) != 2 or not 0 < low < high, "[low, high] with 0 < low < high"),
+        "pruner": (s.pruner not in ("median", "none"), "median or none"),
+        "prune_from_epoch": (s.prune_from_epoch < 1, "at least 1"),
+        "widen": (s.widen < 0, "0 or more"),
+    }
+    for name, (bad, allowed) in problems.items():
+        if bad:
+            value = OmegaConf.select(cfg, f"lr_study.{name}")
+            raise AblateError(f"lr_study.{name}={value}: must be {allowed}")
+    storage_url(cfg)
+
+
+def storage_url(cfg: DictConfig) -> str:
+    """Where the study persists: ``lr_study.storage``, else ``lr_study.db`` beside a sqlite
+    tracking store (or a local folder one)."""
+    if cfg.lr_study.storage:
+        return cfg.lr_study.storage
+    uri = cfg.tracking.uri
+    if uri.startswith("sqlite:///"):
+        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).parent / 'lr_study.db'}"
+    if "://" not in uri or uri.startswith("file:"):
+        return f"sqlite:///{Path(uri.removeprefix('file:')).resolve().parent / 'lr_study.db'}"
+    raise AblateError(
+        f"tracking.uri={uri}: an lr study needs a database of its own beside a tracking server: "
+        "set lr_study.storage (e.g. lr_study.storage=postgresql://user@host/optuna, or "
+        "sqlite:////shared/disk/lr_study.db)"
+    )
+
+
+def study_name(cfg: DictConfig) -> str:
+    """The study tag plus a digest of the trials' settings (lr aside) and the configured range."""
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.trainer.lr = 0.0
+    digest = hashlib.sha256(f"{identity(cfg)} {list(cfg.lr_study.range)}".encode()).hexdigest()
+    return f"{cfg.tracking.tags.study}-{digest[:8]}"
+
+
+def open_study(cfg: DictConfig) -> optuna.Study:
+    """The study of ``cfg``'s trials, created if new, with the pruner of ``lr_study``."""
+    name = study_name(cfg)
+    url = storage_url(cfg)
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # heartbeat arguments: experimental, in Optuna 2 to 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(
+            url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                max_retry=3, inherit_intermediate_values=True
+            ),
+        )  # fmt: skip
+    study = optuna.create_study(
+        storage=storage, study_name=name, direction="maximize", sampler=sampler(name, cfg),
+        pruner=pruner(cfg.lr_study), load_if_exists=True,
+    )  # fmt: skip
+    if "range" not in study.user_attrs:
+        study.set_user_attr("range", [float(x) for x in cfg.lr_study.range])
+        study.set_user_attr("widened", 0)
+    return study
+
+
+def sampler(name: str, cfg: DictConfig, number: int = 0) -> optuna.samplers.TPESampler:
+    """TPE seeded by the study's name, ``seed`` and the trial's number: each study draws its own
+    lrs, and two workers asking at once draw different ones (one seed would give both the
+    same); half of ``lr_study.trials`` are its random start-up."""
+    seed = int(hashlib.sha256(f"{name} {cfg.seed} {number}".encode()).hexdigest()[:8], 16)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(1, cfg.lr_study.trials // 2))
+
+
+def target(study: optuna.Study, cfg: DictConfig) -> int:
+    """Finished or pruned trials the study wants: ``lr_study.trials``, half as many more per
+    widening."""
+    return cfg.lr_study.trials + study.user_attrs.get("widened", 0) * math.ceil(
+        cfg.lr_study.trials / 2
+    )
+
+
+def run(cfg: DictConfig, overrides: list[str], folder: Path) -> Summary:
+    """Run (or continue, or help run) the study of ``cfg``'s trials until it holds its trials;
+    each trial a child ``ablate.train`` with ``overrides``, its job folder under ``folder``."""
+    check(cfg)
+    study = open_study(cfg)
+    prepare(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.stale_after_min)
+    log.info("lr study %s in %s", study.study_name, storage_url(cfg))
+
+    def objective(trial: optuna.Trial) -> float:
+        return _trial(study, trial, cfg, overrides, folder)
+
+    while True:
+        _fail_dead(study)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        states = [t.state for t in study.get_trials(deepcopy=False)]
+        ended = sum(s in ENDED for s in states)
+        running = states.count(optuna.trial.TrialState.RUNNING)
+        queued = states.count(optuna.trial.TrialState.WAITING)  # retries of killed trials
+        if ended >= target(study, cfg):
+            if not _widen(study, cfg):
+                return summary(study, cfg)
+        elif ended + running >= target(study, cfg) and not queued:
+            time.sleep(POLL_S)  # other workers' trials: they may end, or die and be retried
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.optimize(objective, n_trials=1, catch=(Surplus,), gc_after_trial=False)
+
+
+def _trial(
+    study: optuna.Study, trial: optuna.Trial, cfg: DictConfig, overrides: list[str], folder: Path
+) -> float:
+    """One trial: its lr, then its run (an earlier try's, or a new child process's)."""
+    ahead = [t for t in study.get_trials(deepcopy=False, states=COUNTED) if t.number < trial.number]
+    if len(ahead) >= target(study, cfg):
+        raise Surplus(f"trial {trial.number}: the study had its trials; dropped unrun")
+    trial.set_user_attr("process", {"trial": trial.number, **_process()})
+    low, high = study.user_attrs["range"]
+    study.sampler = sampler(study.study_name, cfg, trial.number)
+    lr = trial.suggest_float("lr", low, high, log=True)
+    frozen = study._storage.get_trial(trial._trial_id)
+    tries = [*optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(frozen), trial.number]
+    ended = _run_of(cfg, study.study_name, tries)
+    if ended is None:
+        job = folder / str(tries[0])  # a retry's: the first try's, to resume from its checkpoint
+        log.info("lr study %s: trial %d at lr %.3g (job folder %s)", study.study_name,
+                 trial.number, lr, job)  # fmt: skip
+        env = {**os.environ, TRIAL_ENV: json.dumps({
+            "storage": storage_url(cfg), "study": study.study_name, "trial_id": trial._trial_id,
+            "number": trial.number, "driver": os.getpid(),
+        })}  # fmt: skip
+        command = [
+            sys.executable, "-m", "ablate.train", PRESET, f"freeze={cfg.freeze.name}", *overrides,
+            f"trainer.lr={lr!r}", "skip_finished=false", f"hydra.run.dir={job}",
+        ]  # fmt: skip
+        code = subprocess.run(command, env=env).returncode
+        ended = _run_of(cfg, study.study_name, [trial.number])
+        if ended is None:
+            raise AblateError(
+                f"lr study {study.study_name}: trial {trial.number} (lr {lr:.3g}) failed with exit "
+                f"status {code}: see its job log in {job}"
+            )
+    return _result(cfg, trial, ended)
+
+
+def _run_of(cfg: DictConfig, name: str, numbers: list[int]):
+    """The MLflow run that ended trial ``numbers`` (a trial and its earlier tries): FINISHED, or
+    pruned; None if none did."""
+    client = MlflowClient(cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is None:
+        return None
+    for n in numbers:
+        for r in client.search_runs([exp.experiment_id], f"tags.{TRIAL_TAG} = '{name}:{n}'"):
+            if r.info.status == "FINISHED" or r.data.tags.get(PRUNED_TAG) == "true":
+                return r
+    return None
+
+
+def _result(cfg: DictConfig, trial: optuna.Trial, run) -> float:
+    """The trial's objective from its run; a pruned run is ended KILLED (no candidate, never
+    reused by skip_finished) and the trial told PRUNED."""
+    if run.data.tags.get(PRUNED_TAG) == "true":
+        if run.info.status != "KILLED":
+            MlflowClient(cfg.tracking.uri).set_terminated(run.info.run_id, status="KILLED")
+        trial.set_user_attr("epochs", int(run.data.tags[PRUNED_EPOCH_TAG]))
+        raise optuna.TrialPruned()
+    trial.set_user_attr("epochs", int(run.data.metrics.get("stopped_epoch", cfg.trainer.epochs)))
+    return run.data.metrics[f"best_dev_{tasks.get(cfg.data.task).primary_metric}"]
+
+
+def _process() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": procs.started(os.getpid())}
+
+
+def _fail_dead(study: optuna.Study) -> None:
+    """Fail and queue again the RUNNING trials whose study process on this host is gone (a
+    SIGKILL), at once rather than after Optuna's heartbeat grace period."""
+    storage, host = study._storage, socket.gethostname()
+    retry = storage.get_heartbeat_stale_trial_callback()
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        owner = t.user_attrs.get("process", {})
+        if owner.get("trial") != t.number or owner.get("host") != host:
+            continue  # not recorded yet, a copy from an earlier try, or another host's
+        if procs.same(int(owner["pid"]), owner.get("started")):
+            continue
+        try:
+            storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker got there first
+        log.info("lr study %s: trial %d's process %s is gone: it runs again",
+                 study.study_name, t.number, owner["pid"])  # fmt: skip
+        retry(study, storage.get_trial(t._trial_id))
+
+
+def _where(lr: float, span: list[float]) -> float:
+    """Position of ``lr`` in ``span`` on a log scale: 0 at low, 1 at high."""
+    low, high = (math.log10(x) for x in span)
+    return (math.log10(lr) - low) / (high - low)
+
+
+def _widen(study: optuna.Study, cfg: DictConfig) -> bool:
+    """When the best lr lies in the outer tenth of the range (log scale) and the study has
+    widened fewer than ``lr_study.widen`` times: the range 10x wider at that edge, and more
+    trials; whether it did."""
+    try:
+        best = study.best_trial
+    except ValueError:  # no trial finished (all pruned)
+        return False
+    span, widened = study.user_attrs["range"], study.user_attrs.get("widened", 0)
+    where = _where(best.params["lr"], span)
+    if 0.1 <= where <= 0.9 or widened >= cfg.lr_study.widen:
+        return False
+    wider = [span[0], span[1] * 10] if where > 0.9 else [span[0] / 10, span[1]]
+    log.info("lr study %s: the best lr %.3g lies at the edge of [%g, %g]: widened to [%g, %g]",
+             study.study_name, best.params["lr"], *span, *wider)  # fmt: skip
+    study.set_user_attr("range", wider)
+    study.set_user_attr("widened", widened + 1)
+    return True
+
+
+def summary(study: optuna.Study, cfg: DictConfig) -> Summary:
+    """What ``study`` did (its ended trials)."""
+    ended = study.get_trials(deepcopy=False, states=ENDED)
+    pruned = [t for t in ended if t.state == optuna.trial.TrialState.PRUNED]
+    epochs = cfg.trainer.epochs
+    saved = sum(epochs - t.user_attrs.get("epochs", len(t.intermediate_values)) for t in pruned)
+    done = [t for t in ended if t.state == optuna.trial.TrialState.COMPLETE]
+    best = max(done, key=lambda t: t.value).params["lr"] if done else None
+    span = study.user_attrs["range"]
+    return Summary(study.study_name, len(ended), len(pruned), saved, epochs * len(ended),
+                   (span[0], span[1]), study.user_attrs.get("widened", 0), best)  # fmt: skip
+
+
+def edge_note(s: Summary, freeze: str) -> str | None:
+    """A plain warning when the study's best lr is not interior to its final range."""
+    if s.best_lr is None:
+        return None
+    where = _where(s.best_lr, list(s.range))
+    if 0.1 <= where <= 0.9:
+        return None
+    side = "top" if where > 0.9 else "bottom"
+    return (
+        f"warning: freeze={freeze}: the best lr {s.best_lr:.3g} lies in the {side} tenth of the "
+        f"searched range [{s.range[0]:g}, {s.range[1]:g}] (log scale), after {s.widened} "
+        "widening(s): it is not interior; the best may lie beyond it (lr_study.widen, "
+        "lr_study.range)"
+    )

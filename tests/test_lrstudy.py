@@ -1,0 +1,185 @@
+"""lr studies on Optuna (ablate.lrstudy): persistent and resumable after a SIGKILL, shared by
+workers without doubling a trial, pruned from the per-epoch dev metric, widening their range."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from conftest import ROOT, logged_runs, slice_overrides
+from omegaconf import open_dict
+
+from ablate import search
+from ablate.errors import AblateError
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_TAG
+from ablate.lrstudy import study as lrstudy
+from ablate.tracking.lrstudy import best, tuned_lr
+
+
+def test_the_environment_has_optuna_4_or_later_and_no_hydra_sweeper():
+    assert int(md.version("optuna").split(".")[0]) >= 4
+    with pytest.raises(md.PackageNotFoundError):
+        md.version("hydra-optuna-sweeper")
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    """``python -m ablate.search ARGS`` started, its output into ``log`` (a pipe nobody reads
+    while the test waits would block it)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ablate.search", *args], cwd=ROOT, env=env, stdout=out,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+
+def _study(args: list[str]) -> optuna.Study:
+    options, overrides = search.for_studies(args)
+    return lrstudy.open_study(search.compose_trial(options[0], overrides))
+
+
+@pytest.mark.heavy
+def test_a_study_killed_mid_trial_continues_and_two_workers_double_no_trial(
+    slice_root, store, tmp_path
+):
+    args = [
+        *slice_overrides(slice_root, store, tmp_path), "freeze=bitfit", "lr_study.trials=2",
+        "lr_study.pruner=none", "lr_study.widen=0", "trainer.epochs=1",
+    ]  # fmt: skip
+    logs = [tmp_path / f"worker{i}.log" for i in range(4)]
+    first, second = _start(args, logs[0]), _start(args, logs[1])
+    # SIGKILL the first worker (not its trial: a SIGKILL reaches no child) while its trial's
+    # run is open.
+    child = None
+    deadline = time.time() + 300
+    while child is None and time.time() < deadline and first.poll() is None:
+        kids = {p.pid for p in psutil.Process(first.pid).children()}
+        for r in logged_runs(store):
+            pid = r.data.tags.get("ablate.process", "")
+            if r.info.status == "RUNNING" and any(f'"pid": {k},' in pid for k in kids):
+                child = psutil.Process(next(k for k in kids if f'"pid": {k},' in pid))
+        time.sleep(0.1)
+    assert child is not None, logs[0].read_text()[-3000:]
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    gone, _ = psutil.wait_procs([child], timeout=30)
+    assert gone, "the killed study's trial trained on"
+    # The same command again, beside the worker still running.
+    again = _start(args, logs[2])
+    for proc, log in ((second, logs[1]), (again, logs[2])):
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    study = _study(args)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 2
+    assert optuna.trial.TrialState.RUNNING not in states
+    assert optuna.trial.TrialState.PRUNED not in states
+    runs = [r for r in logged_runs(store) if r.info.status == "FINISHED"]
+    killed = len(logged_runs(store)) - len(runs)
+    assert len(runs) == 2
+    # the killed trial's run: KILLED (its process is gone), not counted; none left RUNNING
+    assert {r.info.status for r in logged_runs(store)} <= {"FINISHED", "KILLED"}
+    done = {t.number for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert {r.data.tags[TRIAL_TAG].rsplit(":", 1)[1] for r in runs} == {str(n) for n in done}
+    lrs = sorted(float(r.data.params["trainer.lr"]) for r in runs)
+    assert lrs == sorted(t.params["lr"] for t in study.trials if t.number in done)
+    assert lrs[0] != lrs[1]  # two workers, each its own draws
+    # Finished: a rerun runs nothing.
+    proc = _start(args, logs[3])
+    out = logs[3].read_text() if proc.wait(timeout=300) == 0 else logs[3].read_text()[-2000:]
+    assert proc.returncode == 0 and len(logged_runs(store)) == len(runs) + killed, out
+    assert "study lr-UD_Naija-Slice-tiny-bitfit-" in out and ": 2 trials, 0 pruned" in out
+
+
+@pytest.mark.heavy
+def test_a_losing_trial_is_pruned_tagged_and_no_candidate(slice_root, store, tmp_path, capsys):
+    args = [
+        *slice_overrides(slice_root, store, tmp_path), "freeze=bitfit", "lr_study.trials=3",
+        "lr_study.prune_from_epoch=1", "lr_study.range=[1e-7,1e-2]", "lr_study.widen=0",
+    ]  # fmt: skip
+    study = _study(args)
+    for lr in (3e-3, 1e-3, 1e-7):  # the last cannot keep up after an epoch
+        study.enqueue_trial({"lr": lr})
+    assert search.main(args) == 0
+    said = capsys.readouterr()
+    states = {t.params["lr"]: t.state for t in _study(args).trials}
+    assert states[1e-7] == optuna.trial.TrialState.PRUNED
+    assert list(states.values()).count(optuna.trial.TrialState.COMPLETE) == 2
+    runs = {float(r.data.params["trainer.lr"]): r for r in logged_runs(store)}
+    pruned = runs[1e-7]
+    assert pruned.info.status == "KILLED" and pruned.data.tags[PRUNED_TAG] == "true"
+    assert pruned.data.tags[PRUNED_EPOCH_TAG] == "1"
+    assert "best_dev_accuracy" in pruned.data.metrics  # it ended as a run does, then KILLED
+    assert ": 3 trials, 1 pruned, 1 of 6 epochs saved" in said.err
+    row = next(line for line in said.out.splitlines() if "| bitfit |" in line)
+    assert "| 2 | 1 | 1 |" in row and pruned.info.run_id not in row
+    cfg = search.compose_trial("bitfit", search.for_studies(args)[1])
+    found = best(search.study_of(cfg))
+    assert (found.trials, found.pruned, found.epochs_saved) == (2, 1, 1)
+    with open_dict(cfg):
+        cfg.lr_study.freeze = ["bitfit"]
+    assert tuned_lr(cfg, "x").run_id in {runs[3e-3].info.run_id, runs[1e-3].info.run_id}
+
+
+def _finished(study: optuna.Study, lrs: list[float]) -> None:
+    low, high = study.user_attrs["range"]
+    dist = optuna.distributions.FloatDistribution(low, high, log=True)
+    for lr in lrs:  # each better than every one before
+        study.add_trial(optuna.trial.create_trial(
+            params={"lr": lr}, distributions={"lr": dist}, value=0.5 + len(study.trials) / 100
+        ))  # fmt: skip
+
+
+def test_a_best_lr_at_the_edge_widens_the_range_at_most_twice(slice_root, store, tmp_path):
+    args = [*slice_overrides(slice_root, store, tmp_path), "freeze=lora", "lr_study.trials=4"]
+    cfg = search.compose_trial("lora", search.for_studies(args)[1])
+    study = lrstudy.open_study(cfg)
+    assert study.user_attrs == {"range": [1e-5, 1e-3], "widened": 0}
+    _finished(study, [1e-4, 3e-5, 2e-4, 9e-4])  # the best, last: in the top tenth
+    assert lrstudy._widen(study, cfg)
+    assert study.user_attrs == {"range": [1e-5, 1e-2], "widened": 1}
+    assert lrstudy.target(study, cfg) == 6  # half as many trials more
+    _finished(study, [1e-4, 9e-3])  # at the top again
+    assert lrstudy._widen(study, cfg) and study.user_attrs["range"] == [1e-5, 1e-1]
+    _finished(study, [1e-4, 9e-2])  # a third time: not widened, and said plainly
+    assert not lrstudy._widen(study, cfg)
+    done = lrstudy.summary(study, cfg)
+    assert (done.trials, done.widened, done.best_lr) == (8, 2, 9e-2)
+    note = lrstudy.edge_note(done, "lora")
+    assert note.startswith("warning: freeze=lora: the best lr 0.09 lies in the top tenth")
+    assert "after 2 widening(s): it is not interior" in note
+    # Each study draws its own lrs: another option's study, same seed, other first draws.
+    other = lrstudy.open_study(search.compose_trial("bitfit", search.for_studies(args)[1]))
+    assert other.study_name != study.study_name
+    assert other.ask().suggest_float("lr", 1e-5, 1e-3, log=True) != lrstudy.open_study(
+        search.compose_trial("features", search.for_studies(args)[1])
+    ).ask().suggest_float("lr", 1e-5, 1e-3, log=True)
+
+
+def test_bad_lr_study_keys_are_one_error_each(tmp_path, capsys):
+    cfg = search.compose_trial("lora", [f"tracking.uri=sqlite:///{tmp_path}/m.db"])
+    assert lrstudy.storage_url(cfg) == f"sqlite:///{tmp_path}/lr_study.db"
+    for key, value, said in [
+        ("trials", 0, "lr_study.trials=0: must be at least 1"),
+        ("range", [1e-3, 1e-5], "lr_study.range=[0.001, 1e-05]: must be [low, high]"),
+        ("pruner", "hyperband", "lr_study.pruner=hyperband: must be median or none"),
+        ("tracking", None, "tracking.uri=http://127.0.0.1:5000: an lr study needs a database"),
+    ]:
+        bad = cfg.copy()
+        with open_dict(bad):
+            if key == "tracking":
+                bad.tracking.uri = "http://127.0.0.1:5000"
+            else:
+                bad.lr_study[key] = value
+        with pytest.raises(AblateError, match=said.replace("[", r"\[")):
+            lrstudy.check(bad)
+    assert search.main(["freeze=lora", "hydra.sweeper.n_trials=3"]) == 2
+    assert "size use lr_study.trials=N" in capsys.readouterr().err
