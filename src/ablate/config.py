@@ -266,9 +266,9 @@ class TrackingConfig:
 
 @dataclass
 class LrStudyConfig:
-    """Strategies trained at the learning rate their own lr study picked on dev
-    (``hparams_search=lr``, run by ``python -m ablate.search``); nothing here is hashed: the
-    lr it picks is (``trainer.lr``)."""
+    """Learning-rate studies (``python -m ablate.search``, one Optuna study per freeze option, its
+    trials' settings in ``hparams_search=lr``), and the strategies trained at the lr their study
+    picked on dev; nothing here is hashed: the lr it picks is (``trainer.lr``)."""
 
     freeze: list[str] = key(
         [], "freeze options that train at their study's best lr, not `trainer.lr`",
@@ -278,9 +278,27 @@ class LrStudyConfig:
         None, "MLflow experiment of those studies' trials; null = `tracking.experiment`",
         identity=False,
     )  # fmt: skip
-    range: list[float] | None = key(
-        None, "[low, high] lr the studies search (log scale); null = hparams_search=lr's",
-        identity=False,
+    trials: int = key(
+        6, "finished or pruned trials a study wants (each widening of its range: half as many "
+        "more)", identity=False,
+    )  # fmt: skip
+    range: list[float] = key(
+        [1e-5, 1e-3], "[low, high] lr a study searches (log scale)", identity=False
+    )
+    storage: str | None = key(
+        None, "Optuna storage (a database URL) the studies persist in; null = `lr_study.db` "
+        "beside a sqlite tracking store", identity=False,
+    )  # fmt: skip
+    pruner: str = key(
+        "median", "`median`: stop a trial whose dev metric is below the median of earlier "
+        "trials' at the same epoch; `none`: every trial trains all its epochs", identity=False,
+    )  # fmt: skip
+    prune_from_epoch: int = key(
+        2, "the first epoch after which a trial may be pruned", identity=False
+    )
+    widen: int = key(
+        2, "times a best lr in the outer tenth of the range (log scale) widens it 10x at that "
+        "edge and the study goes on", identity=False,
     )  # fmt: skip
 
 
