@@ -112,6 +112,11 @@ def test_experiments_live_in_the_servers_store_whoever_asks(srv):
             body = {"name": f"at-{uuid.uuid4().hex[:6]}", "artifact_location": place}
             answer = call(srv, "POST", f"{API}/experiments/create", who, json=body)
             assert answer.status_code == 400 and "artifact_location" in answer.text, place
+        # the body as MLflow also reads it: posted double-encoded
+        twice = json.dumps(json.dumps({"name": "twice", "artifact_location": "file:///tmp/x"}))
+        answer = call(srv, "POST", f"{API}/experiments/create", who, data=twice,
+                      headers={"Content-Type": "application/json"})  # fmt: skip
+        assert answer.status_code == 400, answer.text
     assert not Path("/tmp/ablate-leak").exists()
 
 

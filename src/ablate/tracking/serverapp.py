@@ -179,7 +179,12 @@ def _before_request():
     if username is None:  # a route open without a password
         return None
     route = _PREFIX.sub("", request.path)
-    body = request.get_json(silent=True) if request.is_json else None
+    body = request.get_json(force=True, silent=True)
+    if isinstance(body, str):  # MLflow takes a body posted double-encoded too
+        try:
+            body = json.loads(body)
+        except ValueError:
+            body = None
     body = body if isinstance(body, dict) else {}
     if route == "mlflow/experiments/create" and body.get("artifact_location"):
         return _json_error(
