@@ -326,6 +326,10 @@ def test_notebook_runs_headless_on_the_same_module(grid, monkeypatch, tmp_path):
     setup: dict = {}
     exec(code[0].source, setup)
     assert Path(setup["OUT"]) == report.default_out_dir() / "notebook"
+    # its runs by default are `make report`'s: the latest sweep; the first cell says so
+    assert (
+        setup["SWEEP"] == "latest" and "as `make report` reports by default" in nb.cells[0].source
+    )
     assert "`ABLATE_REPORT_OUT` (default: `reports/notebook/`)" in nb.cells[0].source
 
 
@@ -413,6 +417,10 @@ def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(g
     assert "none seed 1" in note and "all seed 1" in note and "none seed 2" not in note
     times = report.table(rep).set_index("strategy")["train time (s)"]
     assert times["all"].endswith(" *") and not times["none"].endswith("*")
+    # the console's and summary.md's tables say what * means, once per table
+    from ablate.report.render import LOADED_MARK, tables
+
+    assert tables(rep).count(LOADED_MARK) == 1 and report.markdown(rep).count(LOADED_MARK) == 1
     # the chart's seed dots are the runs its bars average
     fig = charts.train_time(rep)
     dots = [float(y) for c in fig.axes[0].collections for _, y in c.get_offsets()]
@@ -428,3 +436,5 @@ def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(g
     )
     assert not [t for t in fig.axes[0].texts if "*" in t.get_text()]
     assert "loaded" not in fig._suptitle.get_text()
+    calm_rep = report.build(report.Runs(calm_df, runs.history, runs.params, runs.source))
+    assert LOADED_MARK not in tables(calm_rep) + report.markdown(calm_rep)

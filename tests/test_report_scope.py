@@ -222,3 +222,56 @@ def test_a_finished_sweep_run_again_reports_over_the_runs_it_reused(grid, slice_
     assert "2 runs used" in capsys.readouterr().out
     assert set(pd.read_csv(out / "runs.csv").run_id) == ids
     assert set(report.load_runs("ablate", grid.store, sweep="latest").runs.run_id) == ids
+
+
+def _datasets(runs, names: list[str]) -> report.Runs:
+    """The sweep's runs again under each of ``names`` as its dataset: a panel each."""
+    df, params, frames = runs.runs, dict(runs.params), []
+    for name in names:
+        copy = df.assign(run_id=df.run_id + f"-{name}", data=name)
+        for r in copy.itertuples():
+            params[r.run_id] = {**params[r.run_id.removesuffix(f"-{name}")], "data.name": name}
+        frames.append(copy)
+    history = pd.concat(
+        [runs.history.assign(run_id=runs.history.run_id + f"-{n}", data=n) for n in names]
+    )
+    return report.Runs(pd.concat(frames, ignore_index=True), history, params, runs.source)
+
+
+def test_charts_of_many_panels_wrap_into_rows_readable_at_page_width(grid, tmp_path):
+    from chart_helpers import overlaps
+
+    runs = report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
+    rep = report.build(_datasets(runs, [f"treebank{i}" for i in range(8)]), predictions=False)
+    assert rep.summary.panel.nunique() == 8
+    for name in report.CHARTS:
+        fig = getattr(charts, name)(rep)
+        width, height = fig.get_size_inches()
+        assert width <= charts.PAGE_W, name  # not 8 panels in one row
+        tops = {round(ax.get_position().y1, 2) for ax in fig.axes if ax.get_title()}
+        assert len(tops) >= 3, name  # rows of panels, a title on each
+        assert overlaps(fig) == [], name
+        fig.savefig(tmp_path / f"{name}.png", dpi=120, bbox_inches="tight")
+        plt.close(fig)
+    from PIL import Image
+
+    with Image.open(tmp_path / "accuracy.png") as png:
+        assert png.width <= 2400 and png.height > png.width / 2  # a page, not a strip
+
+
+HOSTILE = "x\n| planted | row |\n![pixel](http://evil.example/p.png) <img src=x>"
+
+
+def test_a_hostile_run_value_stays_text_in_the_tables_the_headings_and_the_notes(grid):
+    """An option or dataset name a co-editor chose: every table (the console's, the sweep's
+    description, summary.md), heading and note shows it as text in its own cell."""
+    runs = report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
+    hostile = _datasets(runs, [f"ewt {HOSTILE}"])
+    hostile.runs.loc[hostile.runs.freeze == "all", "freeze"] = f"all {HOSTILE}"
+    rep = report.build(hostile, predictions=False)
+    assert rep.notes  # one seed: a note that names the panel
+    for text in (tables(rep), tables(rep, short=True), report.markdown(rep)):
+        lines = text.splitlines()
+        assert not [ln for ln in lines if ln.startswith(("| planted", "![pixel", "<img", "## planted"))]
+        assert "](http" not in text.replace("\\](", "") and "<img" not in text.replace("\\<", "")
+        assert sum(ln.startswith("| all x \\| planted \\| row \\| ") for ln in lines) == 1

@@ -57,6 +57,26 @@ def _is_train(config: DictConfig) -> bool:
     )
 
 
+def _grid(config: DictConfig) -> dict[str, Any] | None:
+    """The jobs the sweep will launch, as ``parent.GRID`` records them; None where Hydra's
+    grammar needs more than the command line (a ``glob`` of config groups)."""
+    # Hydra's own expansion, so that the job numbers are the ones its launcher gives
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+        (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    except HydraException:
+        return None
+    varying = [i for i in range(len(jobs[0]) if jobs else 0) if len({j[i] for j in jobs}) > 1]
+    grid: dict[str, Any] = {"n": len(jobs), "jobs": [" ".join(j[i] for i in varying) for j in jobs]}
+    return grid if len(json.dumps(grid)) <= MAX_TAG_VAL_LENGTH else {"n": len(jobs)}
+
+
 class Sweep(Callback):
     """Prepares the store; opens and closes a sweep's parent run."""
 
@@ -87,6 +107,8 @@ class Sweep(Callback):
             },
         )
         parent.record(sweep_dir, run.info.run_id, uri)
+        if _is_train(config) and (grid := _grid(config)) is not None:
+            client.set_tag(run.info.run_id, parent.GRID, json.dumps(grid))
         self.parent = {
             "id": run.info.run_id, "uri": uri, "experiment": config.tracking.experiment,
             "sweep_dir": sweep_dir, "ended": False,
@@ -125,7 +147,8 @@ def end_sweep(
     Returns the status."""
     from mlflow.tracking import MlflowClient
 
-    from ablate.tracking.parent import REUSED
+    from ablate.report.scope import unrun
+    from ablate.tracking.parent import GRID, MOVED, REUSED
     from ablate.tracking.run import LIVENESS
 
     client = MlflowClient(uri)
@@ -133,7 +156,8 @@ def end_sweep(
     children = client.search_runs(
         [exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'"
     )
-    tags = client.get_run(run_id).data.tags
+    this = client.get_run(run_id)
+    tags = this.data.tags
     reused = [r for k, v in tags.items() if k.startswith(REUSED) and (r := _alive(client, v))]
     runs = children + reused
     if not runs:
@@ -146,8 +170,13 @@ def end_sweep(
     ok = completed and set(counts) <= {"FINISHED"}
     killed = stopped_by or (not completed and "KILLED" in counts)
     status = "FINISHED" if ok else "KILLED" if killed else "FAILED"
-    parts = [f"{n} {s}" for s, n in sorted(counts.items())]
+    parts = [", ".join(f"{n} {s}" for s, n in sorted(counts.items()))] if counts else []
+    if resumed := sum(MOVED in c.data.tags for c in children):
+        parts[0] += f" ({resumed} resumed from an earlier sweep)"
     parts += [f"{len(reused)} FINISHED earlier (reused)"] if reused else []
+    if missing := unrun([this, *children], [run_id]):
+        jobs = json.loads(tags[GRID])["n"]
+        parts += [f"{len(missing)} of its {jobs} jobs without a run"]
     described = ", ".join(parts)
     if not completed:
         described += f"; stopped by {stopped_by}" if stopped_by else "; did not complete"

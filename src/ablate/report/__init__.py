@@ -1,7 +1,8 @@
 """The comparison report, built only from tracked MLflow runs (``python -m ablate.report``).
 
 ``load_runs`` reads an experiment into tidy tables (``load``), by default the latest sweep that
-has runs, a sweep's reused runs included (``scope``); ``build`` turns them into a summary per
+has runs, a sweep's reused runs included (``scope``, ``load_scope``: as ``make report``
+and the notebook choose them); ``build`` turns them into a summary per
 dataset with intervals vs the ``none`` baseline, each panel's settings beyond the defaults in
 words (``recipe``), and lists every run it leaves out (``summary``, ``cell``, ``stats``);
 ``write`` saves ``summary.csv``, ``summary.md``, ``runs.csv`` and one PNG per chart (``render``,
@@ -9,7 +10,7 @@ words (``recipe``), and lists every run it leaves out (``summary``, ``cell``, ``
 learning-rate search's table. Imports nothing of the training code.
 """
 
-from ablate.report.load import Runs, load_runs
+from ablate.report.load import Runs, describe_source, load_runs, load_scope
 from ablate.report.render import CHARTS, default_out_dir, markdown, table, write
 from ablate.report.stats import bootstrap_interval, load_predictions, t_interval
 from ablate.report.summary import (
@@ -24,6 +25,6 @@ from ablate.report.summary import (
 
 __all__ = [
     "BASELINE", "CHARTS", "STRATEGY_ORDER", "Report", "Runs", "bootstrap_interval", "build",
-    "default_out_dir", "load_predictions", "load_runs", "make_report", "markdown", "settings",
-    "strategy_order", "table", "t_interval", "write",
+    "default_out_dir", "describe_source", "load_predictions", "load_runs", "load_scope",
+    "make_report", "markdown", "settings", "strategy_order", "table", "t_interval", "write",
 ]  # fmt: skip

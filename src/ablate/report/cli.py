@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.report.load import MlflowException, load_runs, overview
+from ablate.report.load import EVERY_RUN, MlflowException, load_scope, overview
 from ablate.report.render import default_out_dir, write
-from ablate.report.scope import NoSweep
 from ablate.report.summary import BASELINE, build
 
 
@@ -21,15 +20,11 @@ def _load(args):
     """The runs in scope: the sweep asked for, else the latest sweep that has runs (or, with
     ``--all`` or when the experiment holds no such sweep, every run)."""
     filters = {"data": args.data, "model": args.model, "status": args.status, "metric": args.metric}
-    if args.all:
-        return load_runs(args.experiment, args.uri, **filters)
-    try:
-        return load_runs(args.experiment, args.uri, sweep=args.sweep or "latest", **filters)
-    except NoSweep:
-        if args.sweep:
-            raise
+    sweep = None if args.all else args.sweep or "latest"
+    runs = load_scope(args.experiment, args.uri, sweep, **filters)
+    if runs.source.get("sweep") == EVERY_RUN:
         print("no sweep with runs in this experiment: the report covers every run (as --all)")
-        return load_runs(args.experiment, args.uri, **filters)
+    return runs
 
 
 def _fail(message: object, hint: str = "") -> int:

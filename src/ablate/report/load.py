@@ -50,13 +50,16 @@ class Runs:
     """Runs of one experiment as read from MLflow.
 
     ``runs``: one row per run (every status); ``history``: per-epoch metrics, one row per run x
-    metric x epoch (FINISHED runs); ``params``: every logged param of each run, by run id.
+    metric x epoch (FINISHED runs); ``params``: every logged param of each run, by run id;
+    ``unrun``: the jobs of the sweeps' grids that have no run in them, as rows of the runs a
+    report leaves out (``run_name`` names the job, ``status`` MISSING, ``reason``).
     """
 
     runs: pd.DataFrame
     history: pd.DataFrame
     params: dict[str, dict[str, str]]
     source: dict[str, str] = field(default_factory=dict)
+    unrun: list[dict] = field(default_factory=list)
 
 
 def _as_set(value: str | Sequence[str] | None) -> set[str] | None:
@@ -193,14 +196,15 @@ def load_runs(
     uri = uri or default_tracking_uri()
     client, experiment_id = _client(uri, experiment)
     found = _search(client, experiment_id)
-    sweep_dir, ids = None, None
+    sweep_dir, ids, parents = None, None, []
     if sweep:
         ids, sweep_dir, parents = scope.select(found, sweep, experiment)
         parent = ",".join(parents) or None
     elif parent:
-        ids = scope.members(found, parent)
+        ids, parents = scope.members(found, parent), [parent]
     if ids is not None:  # a reused run of another experiment, say
         found += _runs_by_id(client, ids - {r.info.run_id for r in found})
+    unrun = [_unrun_row(job) for job in scope.unrun(found, parents)]
     wanted = {"data": _as_set(data), "model": _as_set(model), "status": _as_set(status)}
 
     rows, params = [], {}
@@ -272,7 +276,46 @@ def load_runs(
         **({"parent": parent} if parent else {}),
         **({"metric": metric} if metric else {}),
     }
-    return Runs(runs=runs, history=history_df, params=params, source=source)
+    return Runs(runs=runs, history=history_df, params=params, source=source, unrun=unrun)
+
+
+def _unrun_row(job: dict) -> dict:
+    """A job without a run as a row of the runs left out: the keys its own overrides set, else
+    the values every run of its sweep shares (the sweep's params)."""
+    own = dict(o.lstrip("+~").partition("=")[::2] for o in job["overrides"].split())
+    shared = job["sweep"].data.params
+    name = f"job {job['job']}" + (f" ({job['overrides']})" if job["overrides"] else "")
+    return {
+        "run_name": name,
+        "data": _name(shared, "data"),
+        "model": _name(shared, "model"),
+        "freeze": own.get("freeze", own.get("freeze.name", _name(shared, "freeze"))),
+        "seed": _int(own.get("seed", shared.get("seed"))),
+        "status": "MISSING",
+        "reason": job["reason"],
+    }
+
+
+EVERY_RUN = "none with runs, so every run"  # source["sweep"] where "latest" found no sweep
+
+
+def load_scope(
+    experiment: str = "ablate", uri: str | None = None, sweep: str | None = "latest", **filters
+) -> Runs:
+    """The runs ``make report`` reports (and the notebook): those of ``sweep`` (a multirun
+    folder, or ``latest``: the newest sweep that has runs), or with ``sweep=None`` every run
+    (``--all``); ``latest`` where the experiment holds no sweep with runs is every run, and
+    ``source["sweep"]`` says so (``EVERY_RUN``). ``filters``: the other ``load_runs`` filters."""
+    if sweep is None:
+        return load_runs(experiment, uri, **filters)
+    try:
+        return load_runs(experiment, uri, sweep=sweep, **filters)
+    except scope.NoSweep:
+        if sweep != "latest":
+            raise
+    runs = load_runs(experiment, uri, **filters)
+    runs.source["sweep"] = EVERY_RUN
+    return runs
 
 
 _RUN_COLUMNS = [

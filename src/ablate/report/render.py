@@ -13,7 +13,7 @@ from ablate.report.cell import LOADED, LR_FROM_STUDY
 from ablate.report.recipe import heading
 from ablate.report.stats import N_BOOT
 from ablate.report.summary import Report
-from ablate.tables import markdown_table
+from ablate.tables import inline, markdown_table
 
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
 # runs.csv: each run behind the summary, where it came from (its commit) and what it measured.
@@ -91,6 +91,17 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+LOADED_MARK = (
+    "*: timed only on a loaded machine (more runnable threads than CPUs): compare with care."
+)
+
+
+def _legend(t: pd.DataFrame) -> list[str]:
+    """The line that says what ``*`` means, where a cell of ``t`` carries one."""
+    marked = t.apply(lambda c: c.astype(str).str.endswith(" *")).to_numpy().any()
+    return [inline(LOADED_MARK)] if marked else []
+
+
 # The columns of a short summary (a sweep's description in MLflow's narrow box), by the start
 # of their names: the metric's and the baseline's names are in them.
 SHORT = ("strategy", "dev ", "test ", "trainable params", "train time", "Δ dev")
@@ -105,7 +116,8 @@ def tables(report: Report, short: bool = False) -> str:
         if short:
             t = t[[c for c in t.columns if c.startswith(SHORT)]]
         numeric = [c for c in t.columns if c not in ("strategy", "lr")]
-        parts += [f"{heading(report, panel)}:", markdown_table(t, right=numeric), ""]
+        table_ = markdown_table(t, right=numeric)
+        parts += [f"{inline(heading(report, panel))}:", table_, *_legend(t), ""]
     return "\n".join(parts)
 
 
@@ -118,15 +130,16 @@ def markdown(report: Report, charts: bool = True) -> str:
         "# ablate comparison report",
         "",
         f"Experiment `{src.get('experiment')}` in `{src.get('uri')}`"
-        + (f" ({filters})" if filters else "")
+        + (f" ({inline(filters)})" if filters else "")
         + f": {len(report.runs)} runs used, {int((report.excluded.status != 'MISSING').sum())} "
-        "left out. Every number is read from the runs' MLflow metrics.",
+        f"left out{_missing(report)}. Every number is read from the runs' MLflow metrics.",
         "",
     ]
     for panel in report.summary.panel.unique():
         t = table(report, panel).drop(columns="dataset")
         numeric = [c for c in t.columns if c not in ("strategy", "lr", "interval")]
-        lines += [f"## {heading(report, panel)}", "", markdown_table(t, right=numeric), ""]
+        lines += [f"## {inline(heading(report, panel))}", "", markdown_table(t, right=numeric)]
+        lines += [*_legend(t), ""]
     lines += [
         "Metric values are the final model's (last epoch; with early stopping, the restored best "
         "epoch's), mean ± std over seeds. Train time is "
@@ -150,11 +163,11 @@ def markdown(report: Report, charts: bool = True) -> str:
         "",
     ]
     if report.notes:
-        lines += ["Notes:", "", *[f"- {n}" for n in report.notes], ""]
+        lines += ["Notes:", "", *[f"- {inline(n)}" for n in report.notes], ""]
     if charts:
         lines += ["## Charts", ""] + [f"![{c}]({c}.png)" for c in CHARTS] + [""]
     lines += ["## Runs left out", ""]
-    if report.excluded.empty:
+    if report.excluded.empty:  # a sweep's jobs without a run are rows of their own
         lines += ["None: every run found was used.", ""]
     else:
         ex = report.excluded.assign(
@@ -162,6 +175,11 @@ def markdown(report: Report, charts: bool = True) -> str:
         )
         lines += [markdown_table(ex.rename(columns={"freeze": "strategy"})), ""]
     return "\n".join(lines)
+
+
+def _missing(report: Report) -> str:
+    n = int((report.excluded.status == "MISSING").sum())
+    return f", {n} missing (no run: see Runs left out)" if n else ""
 
 
 def default_out_dir() -> Path:

@@ -1,16 +1,18 @@
 """Which runs a report covers: a sweep's (its parent run's children and the FINISHED runs it
-reused instead of running their jobs again), the latest sweep that has any, and, for an error,
-what the store holds instead, so that the message can name the flag that fixes it."""
+reused instead of running their jobs again), the latest sweep that has any, the jobs of a
+sweep's grid that have no run in it (``unrun``), and, for an error, what the store holds
+instead, so that the message can name the flag that fixes it."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from ablate.errors import AblateError
-from ablate.tracking.parent import REUSED
+from ablate.tracking.parent import GRID, MOVED, REUSED
 
 SHOWN = 3  # sweeps named in an error message
 
@@ -113,7 +115,7 @@ def select(found: list, sweep: str, experiment: str) -> tuple[set[str], str | No
     }  # fmt: skip
     if not ids:
         ran = (
-            f"the sweeps run in {folder} have no runs (every job failed before its run opened)"
+            f"the sweeps run in {folder} have no runs ({_gone(found, here)})"
             if here
             else f"no sweep ran in {folder}"
         )
@@ -122,3 +124,59 @@ def select(found: list, sweep: str, experiment: str) -> tuple[set[str], str | No
             f"{listing(found)}: pass one of their folders to --sweep, or --all for every run"
         )
     return ids, folder, [s.run_id for s in reversed(here)]
+
+
+def _gone(found: list, here: list[Sweep]) -> str:
+    """Why sweeps have no runs: later sweeps resumed them (named), or no job opened one."""
+    ids = {s.run_id for s in here}
+    later = {
+        r.data.tags.get("mlflow.parentRunId") for r in found
+        if any(m["sweep"] in ids for m in json.loads(r.data.tags.get(MOVED, "[]")))
+    }  # fmt: skip
+    folders = sorted(s.folder or s.run_id for s in sweeps(found) if s.run_id in later)
+    if folders:
+        return f"later sweeps resumed their runs: {', '.join(folders)}"
+    return "every job failed before its run opened"
+
+
+def unrun(found: list, parents: list[str]) -> list[dict]:
+    """The jobs of the grids of the sweeps ``parents`` that have no run in them, each once
+    (a grid run twice in one folder: a job with a run in either has one), as ``{"sweep": its
+    run, "job", "overrides": the ones it has of its own, "reason"}``; sweeps that recorded no
+    grid (an lr study's, older versions') have none. ``found``: the experiment's runs."""
+    by_id = {r.info.run_id: r for r in found}
+    have: dict[str, set[int]] = {}
+    for r in found:
+        parent, num = r.data.tags.get("mlflow.parentRunId"), r.data.tags.get("hydra.job_num")
+        if parent in parents and num is not None and num.isdigit():
+            have.setdefault(parent, set()).add(int(num))
+    missing, covered = [], set()
+    for sweep in (by_id[p] for p in parents if p in by_id and GRID in by_id[p].data.tags):
+        grid = json.loads(sweep.data.tags[GRID])
+        labels = grid.get("jobs") or [""] * grid["n"]
+        jobs = have.get(sweep.info.run_id, set())
+        jobs |= {int(k.removeprefix(REUSED)) for k in sweep.data.tags if k.startswith(REUSED)}
+        covered |= {labels[n] for n in jobs if n < grid["n"] and labels[n]}
+        missing += [(sweep, n, labels[n]) for n in range(grid["n"]) if n not in jobs]
+    rows, seen = [], set()
+    for sweep, n, label in missing:
+        key = label or (sweep.info.run_id, n)
+        if key not in covered and key not in seen:
+            seen.add(key)
+            rows.append({"sweep": sweep, "job": n, "overrides": label,
+                         "reason": _why(found, sweep, n)})  # fmt: skip
+    return rows
+
+
+def _why(found: list, sweep, job: int) -> str:
+    """Why a job of ``sweep`` has no run in it: a later sweep resumed its run, or it never
+    opened one."""
+    here = {"sweep": sweep.info.run_id, "job": str(job)}
+    for r in found:
+        if here in json.loads(r.data.tags.get(MOVED, "[]")):
+            later = r.data.tags.get("mlflow.parentRunId")
+            now = next((s for s in found if s.info.run_id == later), None)
+            where = f" in {now.data.tags.get('hydra.sweep_dir')}" if now is not None else ""
+            name = r.info.run_name
+            return f"its run {name} was resumed by the later sweep{where}, whose report has it"
+    return "no run in this sweep: the job did not start, or failed before its run opened"

@@ -158,6 +158,10 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
             have = set(tried[tried.freeze == strategy].seed)
             for seed in sorted(seeds - have):
                 missing.append((None, data, model, strategy, seed, "MISSING", "no run logged"))
+    # the jobs of the sweep's grid without a run, but those a strategy x seed above names
+    missing = [dict(zip(_EXCLUDED_COLUMNS, m, strict=True)) for m in missing]
+    named = {(m["freeze"], m["seed"]) for m in missing}
+    missing += [r for r in runs.unrun if (r["freeze"], r["seed"]) not in named]
     left = pd.concat([left, pd.DataFrame(missing, columns=_EXCLUDED_COLUMNS)], ignore_index=True)
     return used, left
 

@@ -32,7 +32,7 @@ from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
 from ablate.tracking.params import OPTION_KEYS_TAG, flatten, option_keys, selected
-from ablate.tracking.parent import REUSED, in_multirun, recorded, sweep_parent
+from ablate.tracking.parent import REUSED, adopt, in_multirun, recorded, sweep_parent
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
 
@@ -311,6 +311,7 @@ def start_run(
         # pid, still in its tags, for this run's and mark it KILLED
         for key, value in this_process.items():
             client.set_tag(run_id, key, value)
+        adopt(client, resumed)  # a later sweep's job: that sweep's child now
         client.update_run(run_id, status="RUNNING")
     else:
         tags = {MLFLOW_RUN_NAME: run_name(cfg)}
