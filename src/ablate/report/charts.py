@@ -23,6 +23,9 @@ from ablate.report.summary import STRATEGY_ORDER, Report
 BASELINE_COLOR = "#222222"
 PANEL_W, PANEL_H = 5.6, 4.2
 STRATEGY_W = 0.62  # inches of panel width per strategy, so that their labels never overlap
+# A row of panels wider than this wraps onto the next (about 2,200 px at the report's 120 dpi):
+# a report of many datasets stays readable at a page's width.
+PAGE_W = 18.0
 
 
 def palette(strategies) -> dict[str, str]:
@@ -49,14 +52,32 @@ def _panels(report: Report) -> list[str]:
     return list(report.summary.panel.unique())
 
 
-def _figure(report: Report, rows: int = 1):
+def _columns(report: Report) -> tuple[int, float]:
+    """Panels per row of a figure and the width of each (inches)."""
     n = len(_panels(report))
     most = report.summary.groupby("panel").strategy.nunique().max()
     width = max(PANEL_W, STRATEGY_W * most + 1.6)
+    return max(1, min(n, int(PAGE_W // width))), width
+
+
+def _figure(report: Report, rows: int = 1):
+    """A figure of one panel per dataset (and model, and group of settings), wrapped into rows
+    of at most ``PAGE_W``; each panel ``rows`` axes high. Returns the figure and, per panel,
+    its axes from top to bottom."""
+    n = len(_panels(report))
+    cols, width = _columns(report)
+    lines = -(-n // cols)
     fig, axes = plt.subplots(
-        rows, n, figsize=(width * n, PANEL_H * rows), squeeze=False, layout="constrained"
-    )
-    return fig, axes
+        rows * lines, cols, figsize=(width * cols, PANEL_H * rows * lines), squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
+    cells = [
+        [axes[i // cols * rows + r, i % cols] for r in range(rows)] for i in range(lines * cols)
+    ]
+    for unused in cells[n:]:  # the last row's empty places
+        for ax in unused:
+            fig.delaxes(ax)
+    return fig, cells[:n]
 
 
 def _strategy_ticks(ax, order) -> None:
@@ -99,7 +120,7 @@ def _titles(fig, report: Report, title: str, subtitle: str) -> None:
         line = f"Settings beyond the defaults: {settings.pop()}"
     else:
         line = "Default settings"
-    width = int(70 * len(_panels(report)))  # a long subtitle would widen a one-panel figure
+    width = int(70 * _columns(report)[0])  # a long subtitle would widen a one-panel figure
     lines = [title, textwrap.fill(subtitle, width), textwrap.fill(line, width)]
     fig.suptitle("\n".join(lines), fontsize=12)
     src = report.source
@@ -137,7 +158,7 @@ def accuracy(report: Report):
     """Dev metric per strategy: mean over seeds, 95 % CI error bars, seeds as dots."""
     with _style():
         fig, axes = _figure(report)
-        for ax, panel in zip(axes[0], _panels(report), strict=True):
+        for (ax,), panel in zip(axes, _panels(report), strict=True):
             s = report.summary[report.summary.panel == panel].reset_index(drop=True)
             runs = report.runs[report.runs.panel == panel].assign(pct=lambda d: d.dev * 100)
             order, colours = list(s.strategy), palette(s.strategy)
@@ -171,7 +192,7 @@ def convergence(report: Report):
     """Dev metric vs epoch: mean over seeds, band = min–max over seeds."""
     with _style():
         fig, axes = _figure(report)
-        for ax, panel in zip(axes[0], _panels(report), strict=True):
+        for (ax,), panel in zip(axes, _panels(report), strict=True):
             s = report.summary[report.summary.panel == panel]
             metric = s.metric.iloc[0]
             h = report.history
@@ -212,7 +233,7 @@ def accuracy_vs_params(report: Report):
     """Dev metric vs trainable parameters, one labelled point per strategy."""
     with _style():
         fig, axes = _figure(report)
-        for ax, panel in zip(axes[0], _panels(report), strict=True):
+        for (ax,), panel in zip(axes, _panels(report), strict=True):
             s = report.summary[report.summary.panel == panel].reset_index(drop=True)
             colours = palette(s.strategy)
             yerr = _yerr(s, "dev_mean_pct", "dev_ci_low_pct", "dev_ci_high_pct")
@@ -251,8 +272,8 @@ def train_time(report: Report):
     with _style():
         fig, axes = _figure(report, rows=2)
         b, marked = report.baseline, False
-        for col, panel in enumerate(_panels(report)):
-            top, bottom = axes[0, col], axes[1, col]
+        last = _columns(report)[0] - 1  # legends beside the first row's last panel: the right edge
+        for col, ((top, bottom), panel) in enumerate(zip(axes, _panels(report), strict=True)):
             s = report.summary[report.summary.panel == panel].reset_index(drop=True)
             # the runs whose times the bars average (loaded ones left out where there are others)
             runs = report.runs[report.runs.panel == panel]
@@ -286,7 +307,7 @@ def train_time(report: Report):
             top.set(xlabel="", ylabel="train time (s), no dev evaluation")
             top.set_title(_panel_title(report, panel))
             top.margins(y=0.12)  # room for the labels above the bars
-            if top.get_legend_handles_labels()[0] and col == axes.shape[1] - 1:
+            if top.get_legend_handles_labels()[0] and col == last:
                 top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
 
             saved = s[s.strategy != b].melt(
@@ -304,7 +325,7 @@ def train_time(report: Report):
                 )  # fmt: skip
                 # legends beside the last panel: inside, they cover the baseline's bar or one
                 # that saves ~100 % of the params
-                if col == axes.shape[1] - 1:
+                if col == last:
                     bottom.legend(fontsize=8, title=None, loc="upper left",
                                   bbox_to_anchor=(1.01, 1), borderaxespad=0)  # fmt: skip
                 else:
