@@ -148,7 +148,8 @@ def _write_run(client: MlflowClient, run, experiment: str, folder: Path) -> None
                 target.write_bytes(got.read_bytes())
 
 
-def _manifest(folder: Path) -> None:
+def write_manifest(folder: Path) -> None:
+    """Write ``SHA256SUMS``: the sha256 of every other file of ``folder``, by path."""
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     lines = [f"{sha256(folder / name)}  {name}" for name in files if name != MANIFEST]
     (folder / MANIFEST).write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -210,7 +211,7 @@ def export(args: Namespace, out: Path) -> dict[str, int]:
             name = names[run.info.experiment_id]
             _write_run(client, run, name, tmp / RUNS / run.info.run_id)
         (tmp / INDEX).write_text(dumps(index), encoding="utf-8")
-        _manifest(tmp)
+        write_manifest(tmp)
         tmp.chmod(0o755)  # mkdtemp's 0700 would make the archive private
         if out.exists():
             shutil.rmtree(out)
