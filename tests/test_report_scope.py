@@ -272,6 +272,8 @@ def test_a_hostile_run_value_stays_text_in_the_tables_the_headings_and_the_notes
     assert rep.notes  # one seed: a note that names the panel
     for text in (tables(rep), tables(rep, short=True), report.markdown(rep)):
         lines = text.splitlines()
-        assert not [ln for ln in lines if ln.startswith(("| planted", "![pixel", "<img", "## planted"))]
+        assert not [
+            ln for ln in lines if ln.startswith(("| planted", "![pixel", "<img", "## planted"))
+        ]
         assert "](http" not in text.replace("\\](", "") and "<img" not in text.replace("\\<", "")
         assert sum(ln.startswith("| all x \\| planted \\| row \\| ") for ln in lines) == 1
