@@ -243,29 +243,28 @@ def test_a_short_real_run_per_option(slice_root, store, tmp_path):
     assert "adapter/adapter_model.safetensors" in lora_files
 
 
-def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_path, capsys):
+def test_lr_search_a_study_per_option_for_two_options(slice_root, store, tmp_path, capsys):
     overrides = [
         *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
-        "data.max_train_sentences=48", "lr_study.trials=2", "lr_study.widen=0",
+        "data.max_train_sentences=48", "lr_study.trials=1", "lr_study.widen=0",
     ]  # fmt: skip
     # ablate.search runs one Optuna study per option, each trial a `python -m ablate.train` run.
     assert search.main([*overrides, "freeze=bitfit,lora"]) == 0
     table = capsys.readouterr().out
     client = MlflowClient(store)
     runs = logged_runs(store)
-    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
     studies: dict[str, list] = {}
     for r in runs:
         studies.setdefault(r.data.tags["study"], []).append(r)
     assert sorted(studies) == ["lr-UD_Naija-Slice-tiny-bitfit", "lr-UD_Naija-Slice-tiny-lora"]
     for name, trials in studies.items():
         option = name.rsplit("-", 1)[1]
-        assert len(trials) == 2 and {r.data.params["freeze.name"] for r in trials} == {option}
-        lrs = [float(r.data.params["trainer.lr"]) for r in trials]
-        assert all(1e-5 <= lr <= 1e-3 for lr in lrs) and lrs[0] != lrs[1]
-        top = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
+        (top,) = trials  # which is best among several: tests/test_lrstudy.py
+        assert top.data.params["freeze.name"] == option
+        assert 1e-5 <= float(top.data.params["trainer.lr"]) <= 1e-3
         row = next(line for line in table.splitlines() if f"| {name} |" in line)
-        assert f"| 2 | 0 | 0 | {float(top.data.params['trainer.lr']):.3g} |" in row
+        assert f"| 1 | 0 | 0 | {float(top.data.params['trainer.lr']):.3g} |" in row
         assert top.info.run_id in row
     # The same table again, from the store alone.
     assert search.main(["--report-only", *overrides]) == 0
@@ -281,7 +280,7 @@ def test_lr_search_two_trials_per_option_for_two_options(slice_root, store, tmp_
         if r.data.params["data.max_train_sentences"] == "24"
     ]  # fmt: skip
     lr = float(new.data.params["trainer.lr"])
-    assert f"| 1 (+2 with other settings, not compared) | 0 | 0 | {lr:.3g} | best_dev_acc" in row
+    assert f"| 1 (+1 with other settings, not compared) | 0 | 0 | {lr:.3g} | best_dev_acc" in row
     assert new.info.run_id in row
 
     # Every study in the store, each with its own task's objective (an NER trial logs F1).
