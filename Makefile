@@ -56,7 +56,7 @@ sweep: $(STAMP) ## the earlier study's grid: 5 freeze options x naija,ewt
 	$(PY) -m ablate.train --multirun experiment=study $(ARGS)
 
 LR_FREEZE ?= none,lora,bitfit,llrd,gradual,embeddings
-lr-search: $(STAMP) ## a fair lr per freeze option (one Optuna study each), then the best-lr table
+lr-search: $(STAMP) ## a fair lr per freeze option (one resumable Optuna study each), then the best-lr table
 	$(PY) -m ablate.search freeze=$(LR_FREEZE) $(ARGS)
 
 bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this CPU: reports/bench/ and MLflow
