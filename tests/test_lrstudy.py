@@ -183,3 +183,16 @@ def test_bad_lr_study_keys_are_one_error_each(tmp_path, capsys):
             lrstudy.check(bad)
     assert search.main(["freeze=lora", "hydra.sweeper.n_trials=3"]) == 2
     assert "size use lr_study.trials=N" in capsys.readouterr().err
+
+
+def test_a_trial_asked_when_the_study_had_its_trials_is_dropped_unrun(slice_root, store, tmp_path):
+    args = [*slice_overrides(slice_root, store, tmp_path), "freeze=lora", "lr_study.trials=2"]
+    cfg = search.compose_trial("lora", search.for_studies(args)[1])
+    study = lrstudy.open_study(cfg)
+    _finished(study, [1e-4])
+    running = study.ask()  # another worker's trial, still running
+    late = study.ask()  # asked at the same time: the study's two are taken
+    with pytest.raises(lrstudy.Surplus):
+        lrstudy._trial(study, late, cfg, [], tmp_path / "jobs")
+    assert not (tmp_path / "jobs").exists() and "process" not in late.user_attrs
+    assert running.number < late.number
