@@ -143,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AblateError, HydraException, MlflowException, OptunaError, SQLAlchemyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: the same command continues the study", file=sys.stderr)
+        return 130
     if failed:
         print(f"error: the study of {', '.join(failed)} failed (see its log)", file=sys.stderr)
         return 1
