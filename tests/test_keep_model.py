@@ -5,6 +5,7 @@ evaluation did; and the test predictions beside dev's."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -12,9 +13,10 @@ import pytest
 import torch
 from conftest import compose_cfg, fit_here, slice_overrides
 from mlflow.tracking import MlflowClient
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from ablate.data.encode import IGNORE
+from ablate.errors import AblateError
 from ablate.tasks.pos import UPOS
 from ablate.training import keep
 
@@ -148,15 +150,56 @@ def test_a_bilstm_head_is_kept_in_its_own_layout_and_loads(
     assert predicted(tagger.model, prepared, "test") == (test["gold"], test["pred"])
 
 
-def test_minilm_kept_whole_takes_80_to_95_mb(tmp_path):
-    # the bound docs/operations.md quotes: MiniLM's float32 weights and its tokenizer
+def test_a_partly_frozen_minilm_keeps_only_what_training_changed(
+    slice_root, store, tmp_path, monkeypatch
+):
+    run_id, prepared = kept_minilm_run(slice_root, store, tmp_path, monkeypatch, "freeze=first4")
+    local = Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/model"))
+    files = {str(f.relative_to(local)) for f in local.rglob("*") if f.is_file()}
+    assert not [f for f in files if f.endswith(".safetensors") and not f.startswith("delta/")]
+    kept = load_file(str(local / "delta" / "model.safetensors"))
+    # the two trained blocks and the head; the frozen blocks 0-3 stay out, and of the word
+    # embeddings only the rows the 48 sentences use (the others: one decay factor)
+    assert {n.split(".")[3] for n in kept if n.startswith("bert.encoder.layer.")} == {"4", "5"}
+    assert "classifier.weight" in kept
+    words = "bert.embeddings.word_embeddings.weight"
+    assert words not in kept and 0 < len(kept[words + "@rows"]) < 1000
+    assert kept[words + "@values"].shape == (len(kept[words + "@rows"]), 384)
+    megabytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file()) / 2**20
+    assert 13 < megabytes < 17  # docs/operations.md: 15.4 MiB for first4 on 200 sentences
+    assert MlflowClient(store).get_run(run_id).data.metrics["kept_model_mib"] == round(megabytes, 2)
+
+    tagger = keep.load(f"runs:/{run_id}/model")  # over the pretrained MiniLM, checked by sha256
+    assert_tags(tagger)
+    test = logged(store, run_id, tmp_path, "predictions/test.json")
+    assert predicted(tagger.model, prepared, "test") == (test["gold"], test["pred"])
+
+    # another MiniLM (one frozen weight differs): refused, not silently wrong
+    other = tmp_path / "other-minilm"
+    shutil.copytree(compose_cfg("model=minilm").model.name_or_path, other)
+    weights = load_file(str(other / "model.safetensors"))
+    name = next(n for n in weights if "layer.0." in n and n.endswith("bias"))
+    weights[name] = weights[name] + 1
+    save_file(weights, str(other / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(AblateError, match="not the pretrained weights the run trained from"):
+        keep.load(f"runs:/{run_id}/model", base=str(other))
+
+
+def test_a_minilm_changed_throughout_is_kept_whole_in_80_to_95_mb(tmp_path):
+    # every weight changed, every row differently: the whole model, in the flavour MLflow's own
+    # loader reads, in the bound docs/operations.md quotes
     from ablate import tasks
     from ablate.models.build import build, load_tokenizer
 
     cfg = compose_cfg("model=minilm")
     task = tasks.get("pos")
     model = build(cfg.model, task.model_class, task.labels)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param), alpha=1e-3)
     keep.save(cfg, task, model, load_tokenizer(cfg.model), tmp_path / "model")
+    assert "transformers" in mlflow.models.Model.load(str(tmp_path / "model")).flavors
     megabytes = sum(f.stat().st_size for f in (tmp_path / "model").rglob("*") if f.is_file())
     assert 80 < megabytes / 2**20 < 95
 

@@ -10,8 +10,14 @@ of their own (flavour ``ablate`` in the MLmodel file), which ``load`` reads:
   encoder from ``model.name_or_path`` again. The transformers flavour would save a PEFT model's
   encoder with the adapter's layers in it, whose query and value weights then load as random
   ones, or would refer to a hub encoder whose head lacks the run's labels.
-- ``weights``: the BiLSTM head (``model.head=bilstm``, no Hugging Face class): its config, its
-  weights (safetensors) and the tokenizer.
+- ``delta``: a model trained from pretrained weights keeps only what training changed: the
+  tensors (or, of the word embeddings, the rows) that differ from the pretrained ones, the
+  tokenizer, and the base: ``model.name_or_path`` and a sha256 of the pretrained weights it
+  leaves in place, which ``load`` checks (``ablate.training.delta``). A frozen strategy then
+  keeps megabytes instead of the whole encoder; a model whose changes are over ``DELTA_SHARE``
+  of its bytes is kept whole, in the transformers flavour.
+- ``weights``: the BiLSTM head (``model.head=bilstm``, no Hugging Face class) over a random
+  encoder: its config, its weights (safetensors) and the tokenizer.
 
 What is saved is the trained model as a new process builds it: the task model built again from
 ``model``'s config with the trained weights, so no module a speed plugin swapped in (fast dropout,
@@ -28,6 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import PreTrainedModel
@@ -37,11 +44,15 @@ from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build
 from ablate.quiet import quieted
+from ablate.training import delta
 from ablate.training.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
 NAME = "model"  # the logged model's name: runs:/<run id>/model
+# Kept as a delta unless training changed nearly all of the model's bytes: then the whole model
+# costs hardly more, in the flavour any MLflow client loads
+DELTA_SHARE = 0.9
 FLAVOUR = "ablate"
 PIPELINES = {"token": "token-classification", "sequence": "text-classification"}
 
@@ -54,6 +65,7 @@ def keep(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, record:
         save(cfg, task, model, tokenizer, path)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
         record.model(str(path), NAME)
+    record.metrics({"kept_model_mib": round(size, 2)})  # what the run costs on disk
     log.info("kept the final model (%.1f MiB): runs:/%s/%s", size, record.id, NAME)
 
 
@@ -65,6 +77,9 @@ def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: P
         _own_layout(path, "adapter", task, model_cfg, tokenizer)
         return
     plain = plain_copy(cfg.model, task, model)
+    if cfg.model.pretrained and _save_delta(cfg.model, task, plain, path):
+        _own_layout(path, "delta", task, model_cfg, tokenizer)
+        return
     if not isinstance(plain, PreTrainedModel):
         plain.config.save_pretrained(str(path / "model"))
         from safetensors.torch import save_file
@@ -82,6 +97,22 @@ def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: P
             {"model": plain, "tokenizer": tokenizer}, str(path), task=PIPELINES[task.head],
             pip_requirements=_requirements(),  # else MLflow loads the model again to infer them
         )  # fmt: skip
+
+
+def _save_delta(model_cfg: DictConfig, task: tasks.Task, plain: nn.Module, path: Path) -> bool:
+    """Write what training changed in ``plain`` to ``path/delta`` unless it is most of it."""
+    from safetensors.torch import save_file
+
+    with torch.random.fork_rng(devices=[]), quieted({"ablate.models.build": logging.WARNING}):
+        base = build(model_cfg, task.model_class, task.labels).state_dict()  # as load builds it
+    trained = plain.state_dict()
+    kept = delta.changes(base, trained)
+    if delta.nbytes(kept) > DELTA_SHARE * delta.nbytes(trained):
+        return False
+    (path / "delta").mkdir(parents=True)
+    save_file(kept, str(path / "delta" / "model.safetensors"),
+              metadata={"base_sha256": delta.digest(base, kept)})  # fmt: skip
+    return True
 
 
 def plain_copy(model_cfg: DictConfig, task: tasks.Task, trained: nn.Module) -> nn.Module:
@@ -130,7 +161,18 @@ def load(model_uri: str, base: str | None = None, **pipeline_kwargs):
     conf = flavours[FLAVOUR]
     task = tasks.get(conf["task"])
     model_cfg = OmegaConf.create(conf["model"])
-    if conf["kind"] == "adapter":
+    if conf["kind"] == "delta":
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        if base is not None:
+            model_cfg.name_or_path = base
+        model = build(model_cfg, task.model_class, task.labels)
+        weights = str(path / "delta" / "model.safetensors")
+        with safe_open(weights, "pt") as f:
+            sha256 = f.metadata()["base_sha256"]
+        delta.apply(model, load_file(weights), sha256, model_cfg.name_or_path)
+    elif conf["kind"] == "adapter":
         from peft import PeftModel
 
         if base is not None:
