@@ -12,6 +12,7 @@ already in the store (with no ``freeze=`` override: every study in the experimen
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,4 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # the study's own lines (each trial's lr, a widening), as a job's: trials log through Hydra
+    logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    logging.getLogger("ablate").setLevel(logging.INFO)
     sys.exit(main())
