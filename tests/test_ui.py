@@ -53,7 +53,7 @@ def test_a_run_gives_its_experiment_a_view_with_the_primary_metric(store, tmp_pa
 
 def test_make_ui_prints_each_experiments_runs_page_and_serves_it(store, monkeypatch):
     experiment = prepare(store, "grid")
-    ui.set_view(MlflowClient(store), experiment, "pos", "accuracy")
+    ui.set_view(MlflowClient(store), experiment, "pos")
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": store, "PORT": str(port)}
     monkeypatch.delenv("PORT", raising=False)

@@ -320,10 +320,7 @@ def start_run(
         # the tags mlflow.start_run adds (source, user, git), without its process-global state
         run_id = client.create_run(experiment_id, tags=context.resolve_tags(tags)).info.run_id
     with contextlib.suppress(MlflowException):  # a view to open, not the run's record
-        from ablate import tasks
-
-        task = cfg.data.task
-        ui.set_view(client, experiment_id, task, tasks.get(task).primary_metric)
+        ui.set_view(client, experiment_id, cfg.data.task)
     run = Run(run_id, cfg, Journal(journal_folder(run_id), uri, run_id), resumed)
     run.experiment_id = experiment_id
     run.system_metrics()

@@ -52,9 +52,11 @@ def view(primary: str) -> str:
     })  # fmt: skip
 
 
-def set_view(client, experiment_id: str, task: str, primary: str) -> None:
+def set_view(client, experiment_id: str, task: str) -> None:
     """Give the experiment the shared view of ``task``'s runs, unless it holds that one."""
-    tag, value = VIEW_TAG + view_key(task), view(primary)
+    from ablate import tasks
+
+    tag, value = VIEW_TAG + view_key(task), view(tasks.get(task).primary_metric)
     if client.get_experiment(experiment_id).tags.get(tag) != value:
         client.set_experiment_tag(experiment_id, tag, value)
 
