@@ -22,6 +22,7 @@ unrun, so none is doubled.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+from filelock import FileLock
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -135,9 +137,14 @@ def open_study(cfg: DictConfig) -> optuna.Study:
     name = study_name(cfg)
     url = storage_url(cfg)
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    lock = contextlib.nullcontext()
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # heartbeat arguments: experimental, in Optuna 2 to 5
+        path = Path(url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # workers starting together would each create a fresh file's tables ("table
+        # alembic_version already exists"): sqlite serialises writes, not Optuna's migrations
+        lock = FileLock(f"{path}.lock", timeout=300)
+    with lock, warnings.catch_warnings():  # heartbeat arguments: experimental, in Optuna 2 to 5
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(
             url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
@@ -145,13 +152,13 @@ def open_study(cfg: DictConfig) -> optuna.Study:
                 max_retry=3, inherit_intermediate_values=True
             ),
         )  # fmt: skip
-    study = optuna.create_study(
-        storage=storage, study_name=name, direction="maximize", sampler=sampler(name, cfg),
-        pruner=pruner(cfg.lr_study), load_if_exists=True,
-    )  # fmt: skip
-    if "range" not in study.user_attrs:
-        study.set_user_attr("range", [float(x) for x in cfg.lr_study.range])
-        study.set_user_attr("widened", 0)
+        study = optuna.create_study(
+            storage=storage, study_name=name, direction="maximize", sampler=sampler(name, cfg),
+            pruner=pruner(cfg.lr_study), load_if_exists=True,
+        )  # fmt: skip
+        if "range" not in study.user_attrs:
+            study.set_user_attr("range", [float(x) for x in cfg.lr_study.range])
+            study.set_user_attr("widened", 0)
     return study
 
 
