@@ -16,11 +16,11 @@ from ablate.tracking.params import OPTION_KEYS_TAG, option_keys
 def test_a_report_reads_each_strategys_own_keys_as_its_runs_recorded_them():
     runs = pd.DataFrame({"freeze": ["features", "lora", "none"],
                          "option_keys": ["model.head", None, ""]})  # fmt: skip
-    # recorded when the run ran (features: only its head, whatever conf/ says today)
-    assert report.summary.own_keys(runs) == {"model.head"}
-    # a run that recorded none is judged by today's conf/
+    # recorded when the run ran (features: only its head, whatever conf/ says today); lora
+    # recorded none, so today's conf/ says: its option file sets its own default lr
+    assert report.summary.own_keys(runs) == {"model.head", "trainer.lr"}
     older = runs.assign(option_keys=[None, None, None])
-    assert report.summary.own_keys(older) == {"model.head", "trainer.cache_frozen"}
+    assert report.summary.own_keys(older) == {"model.head", "trainer.cache_frozen", "trainer.lr"}
 
 
 def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
@@ -34,7 +34,8 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     # what an option changes beyond freeze.* is its own, not a setting that splits the comparison
     assert option_keys("features") == {"model.head", "trainer.cache_frozen"}
     assert option_keys("head_only") == {"trainer.cache_frozen"}
-    assert option_keys("lora") == set() == option_keys("gone")
+    assert option_keys("lora") == {"trainer.lr"}  # its method's default lr
+    assert option_keys("gone") == set()
 
     options, overrides = search.for_studies(["experiment=fair"])
     assert options == ["features", "head_only", "bitfit", "lora"]
