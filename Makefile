@@ -84,19 +84,19 @@ notebook: $(STAMP) ## the report inline in JupyterLab (notebooks/compare.ipynb)
 	$(VENV)/bin/jupyter lab notebooks/compare.ipynb --ip 127.0.0.1 --port $(NOTEBOOK_PORT) $(if $(filter 0,$(shell id -u)),--allow-root) $(ARGS)
 
 ui: $(STAMP) ## the MLflow UI on the same store (PORT=5000); prints each experiment's runs page
-	$(PY) -m ablate.tracking.ui --uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
+	$(PY) -m ablate.server.ui --uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
 
 server: $(STAMP) ## team MLflow server with login, on PostgreSQL (HOST=0.0.0.0: the network; DB_URL=...; PG_PORT=...; UPLOAD_MB=1024)
-	$(PY) -m ablate.tracking.server start --host "$(or $(HOST),127.0.0.1)" --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)") $(if $(PG_PORT),--pg-port "$(PG_PORT)") $(if $(UPLOAD_MB),--max-upload-mb "$(UPLOAD_MB)")
+	$(PY) -m ablate.server start --host "$(or $(HOST),127.0.0.1)" --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)") $(if $(PG_PORT),--pg-port "$(PG_PORT)") $(if $(UPLOAD_MB),--max-upload-mb "$(UPLOAD_MB)")
 
 server-stop: $(STAMP) ## stop what make server started (by pid)
-	$(PY) -m ablate.tracking.server stop
+	$(PY) -m ablate.server stop
 
 member: $(STAMP) ## add a server member or change its role: NAME=alice ROLE=reader|editor [EXPERIMENTS=a,b]
-	$(PY) -m ablate.tracking.server member "$(NAME)" $(if $(ROLE),--role "$(ROLE)") $(if $(EXPERIMENTS),--experiments "$(EXPERIMENTS)")
+	$(PY) -m ablate.server member "$(NAME)" $(if $(ROLE),--role "$(ROLE)") $(if $(EXPERIMENTS),--experiments "$(EXPERIMENTS)")
 
 password: $(STAMP) ## a new password for NAME (a member, or admin), into .server/
-	$(PY) -m ablate.tracking.server password "$(NAME)"
+	$(PY) -m ablate.server password "$(NAME)"
 
 clean: ## remove run outputs and caches (keeps mlflow.db and .venv)
 	rm -rf outputs .pytest_cache .ruff_cache

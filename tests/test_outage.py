@@ -16,7 +16,7 @@ from conftest import ROOT, logged_runs, run_info, slice_overrides
 from mlflow.tracking import MlflowClient
 from test_scale import free_port
 
-from ablate.tracking import server
+from ablate.server import control
 from ablate.tracking.journal import FOLDER, answers
 
 EPOCHS = 6
@@ -30,13 +30,13 @@ def mlflow_server():
     folder = Path(tempfile.mkdtemp(prefix="ablate-outage-"))
     port = free_port()
     db = f"sqlite:///{folder / 'mlflow.db'}"
-    uri = server.start(folder, port, 0, db_url=db)
+    uri = control.start(folder, port, 0, db_url=db)
 
     def restart() -> None:
-        server.start(folder, port, 0, db_url=db)
+        control.start(folder, port, 0, db_url=db)
 
     yield uri, folder, restart
-    server.stop(folder)
+    control.stop(folder)
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -113,7 +113,7 @@ def test_a_server_away_mid_run_gets_the_whole_record_when_it_is_back(live, slice
     uri, folder, restart, name = live
     proc = start_training(slice_root, uri, tmp_path, f"tracking.experiment={name}")
     wait_for(lambda: first_epoch_logged(uri, name), what="epoch 1 in the store")
-    server.stop(folder)  # the server goes away with the run in the middle of its epochs
+    control.stop(folder)  # the server goes away with the run in the middle of its epochs
     journal = tmp_path / "run" / FOLDER
     wait_for(lambda: journal_has_pending(journal), what="a record kept while away")
     time.sleep(3)
@@ -132,7 +132,7 @@ def test_a_longer_outage_fails_in_one_line_and_the_record_replays(live, slice_ro
         slice_root, uri, tmp_path, f"tracking.experiment={name}", "tracking.outage_min=0.05"
     )
     wait_for(lambda: first_epoch_logged(uri, name), what="epoch 1 in the store")
-    server.stop(folder)
+    control.stop(folder)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 2, err[-3000:]
     (line,) = [x for x in (out + err).splitlines() if "ERROR" in x]

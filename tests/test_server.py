@@ -29,13 +29,15 @@ from mlflow.tracking import MlflowClient
 from test_scale import free_port, three_sweeps_at_once
 
 from ablate.errors import AblateError
-from ablate.tracking import members, procs, server
-from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user, read_credentials
+from ablate.server import control, members
+from ablate.server.credentials import read_credentials
+from ablate.server.service_user import SERVICE_USER
+from ablate.tracking import procs
+from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user
 from ablate.tracking.journal import Journal, answers
-from ablate.tracking.serveruser import SERVICE_USER
 from ablate.tracking.store import check_reachable, prepare
 
-CLI = [sys.executable, "-m", "ablate.tracking.server"]
+CLI = [sys.executable, "-m", "ablate.server"]
 SEARCH = "/api/2.0/mlflow/experiments/search"
 
 
@@ -58,16 +60,16 @@ def team():
             ("ed", "editor"),
             ("rita", "reader", "--experiments", "w0,notes"),
         ):
-            server.main(["--dir", str(folder), "member", name, "--role", role, *only])
+            control.main(["--dir", str(folder), "member", name, "--role", role, *only])
         creds = {n: read_credentials(members.member_file(folder, n)) for n in ("ed", "rita")}
         yield SimpleNamespace(
             uri=f"http://127.0.0.1:{port}", folder=folder, pg_port=pg_port, started=started,
-            admin=read_credentials(folder / server.CREDENTIALS), **creds,
+            admin=read_credentials(folder / control.CREDENTIALS), **creds,
         )  # fmt: skip
     finally:
-        record = folder / server.STATE
+        record = folder / control.STATE
         pid = json.loads(record.read_text())["mlflow_pid"] if record.is_file() else None
-        server.stop(folder)
+        control.stop(folder)
         stopped = not (folder / "pg" / "postmaster.pid").exists()
         shutil.rmtree(folder, ignore_errors=True)
     # the server and its database are gone (the server may stay a zombie: its parent, the
@@ -91,17 +93,17 @@ def refused(call) -> int:
 
 def test_make_server_asks_for_a_password_and_keeps_it_to_its_owner(team):
     admin_password = team.admin[1]
-    for name in (server.CREDENTIALS, server.AUTH_CONFIG, "pgpass", server.SECRET):
+    for name in (control.CREDENTIALS, control.AUTH_CONFIG, "pgpass", control.SECRET):
         mode = (team.folder / name).stat()
         assert mode.st_mode & 0o777 == 0o600, name
     # root's own secrets stay root's; the server's user gets its settings
-    assert (team.folder / server.CREDENTIALS).stat().st_uid == os.geteuid()
+    assert (team.folder / control.CREDENTIALS).stat().st_uid == os.geteuid()
     assert (team.folder / "pgpass").stat().st_uid == pwd.getpwnam(SERVICE_USER).pw_uid
     assert (team.folder / members.MEMBERS / "rita.credentials").stat().st_mode & 0o077 == 0
     logs = [team.started.stdout, team.started.stderr]
     logs += [(team.folder / n).read_text() for n in ("mlflow.log", "postgres/postgres.log")]
     assert not any(admin_password in text for text in logs)
-    assert str(team.folder / server.CREDENTIALS) in team.started.stdout  # where to find it
+    assert str(team.folder / control.CREDENTIALS) in team.started.stdout  # where to find it
     assert requests.get(f"{team.uri}/health").status_code == 200  # open: a probe finds it
     assert status(team.uri, None) == 401
     assert status(team.uri, ("admin", "not-the-password")) == 401
@@ -111,7 +113,7 @@ def test_make_server_asks_for_a_password_and_keeps_it_to_its_owner(team):
 
 def test_the_server_starts_no_mlflow_job_runners(team):
     # MLflow's GenAI job execution would add a runner and huey consumers of ~240 MB each
-    pid = json.loads((team.folder / server.STATE).read_text())["mlflow_pid"]
+    pid = json.loads((team.folder / control.STATE).read_text())["mlflow_pid"]
     tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     commands = [" ".join(p.cmdline()) for p in tree]
     assert any("uvicorn" in c for c in commands), commands  # the server's own workers
@@ -211,10 +213,10 @@ def test_a_refused_password_mid_run_is_an_error_not_an_outage(team, tmp_path):
 
 def test_member_roles_and_passwords_change_with_one_command(team, capsys):
     folder = str(team.folder)
-    server.main(["--dir", folder, "member", "carol", "--role", "reader"])
+    control.main(["--dir", folder, "member", "carol", "--role", "reader"])
     assert "carol is a reader of every experiment" in capsys.readouterr().out
     old = read_credentials(members.member_file(team.folder, "carol"))
-    server.main(["--dir", folder, "password", "carol"])
+    control.main(["--dir", folder, "password", "carol"])
     new = read_credentials(members.member_file(team.folder, "carol"))
     assert new[1] != old[1]
     assert status(team.uri, old) == 401 and status(team.uri, new) == 200
@@ -223,12 +225,12 @@ def test_member_roles_and_passwords_change_with_one_command(team, capsys):
         run = client.create_run(client.get_experiment_by_name("notes").experiment_id).info.run_id
     with as_user(*new):
         assert refused(lambda: MlflowClient(team.uri).set_tag(run, "by", "carol")) == 403
-    server.main(["--dir", folder, "member", "carol", "--role", "editor"])
+    control.main(["--dir", folder, "member", "carol", "--role", "editor"])
     assert "carol is now an editor of every experiment" in capsys.readouterr().out
     with as_user(*new):  # the same password, now allowed to write
         MlflowClient(team.uri).set_tag(run, "by", "carol")
     with pytest.raises(SystemExit):
-        server.main(["--dir", folder, "password", "nobody"])
+        control.main(["--dir", folder, "password", "nobody"])
     assert "no member 'nobody'" in capsys.readouterr().err
 
 
@@ -267,8 +269,8 @@ def test_a_grid_logged_by_an_editor_and_reported_by_a_reader(
 
 def test_a_server_beyond_loopback_needs_authentication_and_names_this_host(tmp_path):
     with pytest.raises(AblateError, match="beyond 127.0.0.1 needs authentication"):
-        server.start(tmp_path, free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db", host="0.0.0.0")
-    patterns = server.allowed_host_patterns("0.0.0.0", ("proxy.lab",))
+        control.start(tmp_path, free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db", host="0.0.0.0")
+    patterns = control.allowed_host_patterns("0.0.0.0", ("proxy.lab",))
     for name in (socket.gethostname(), "proxy.lab", "proxy.lab:*", "127.0.0.1:*"):
         assert name in patterns
 
@@ -279,17 +281,17 @@ def test_server_start_refuses_a_taken_port_and_stop_spares_a_reused_pid(tmp_path
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(AblateError, match=rf"port {port} on 127.0.0.1 is taken"):
-            server.start(tmp_path, port, free_port(), db_url=f"sqlite:///{tmp_path}/m.db")
-    assert not (tmp_path / server.STATE).exists()  # nothing started, nothing recorded
+            control.start(tmp_path, port, free_port(), db_url=f"sqlite:///{tmp_path}/m.db")
+    assert not (tmp_path / control.STATE).exists()  # nothing started, nothing recorded
 
     # A record whose pid now belongs to another process (the server died, the pid was reused)
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         record = {"mlflow_pid": other.pid, "mlflow_started": "1"}  # another start time
-        (tmp_path / server.STATE).write_text(json.dumps(record))
-        server.stop(tmp_path)
+        (tmp_path / control.STATE).write_text(json.dumps(record))
+        control.stop(tmp_path)
         assert other.poll() is None  # left alone
-        assert not (tmp_path / server.STATE).exists()  # and the stale record is gone
+        assert not (tmp_path / control.STATE).exists()  # and the stale record is gone
     finally:
         other.kill()
         other.wait()
@@ -302,12 +304,12 @@ def test_a_failed_server_start_leaves_no_postgres_running(monkeypatch):
     def fail(*args, **kwargs):  # the MLflow server failing after PostgreSQL started
         raise AblateError("mlflow server exited with code 1")
 
-    monkeypatch.setattr(server, "_start_mlflow", fail)
+    monkeypatch.setattr(control, "_start_mlflow", fail)
     try:
         with pytest.raises(AblateError, match="exited with code 1"):
-            server.start(folder, free_port(), free_port(), db_url=None)
+            control.start(folder, free_port(), free_port(), db_url=None)
         assert (folder / "pg" / "PG_VERSION").is_file()  # it was created and started
         assert not (folder / "pg" / "postmaster.pid").exists()  # and is stopped again
-        assert not (folder / server.STATE).exists()
+        assert not (folder / control.STATE).exists()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -28,12 +28,13 @@ import requests
 from test_scale import free_port
 
 from ablate.errors import AblateError
-from ablate.tracking import members, postgres, server
-from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, read_credentials
-from ablate.tracking.serverapp import password_problem
-from ablate.tracking.serveruser import SERVICE_USER
+from ablate.server import control, members, postgres
+from ablate.server.app import password_problem
+from ablate.server.credentials import read_credentials
+from ablate.server.service_user import SERVICE_USER
+from ablate.tracking.auth import ENV_PASSWORD, ENV_USER
 
-CLI = [sys.executable, "-m", "ablate.tracking.server"]
+CLI = [sys.executable, "-m", "ablate.server"]
 API = "/api/2.0/mlflow"
 PROXY = "/api/2.0/mlflow-artifacts/artifacts"
 STRONG = "tidal-Orchid-58-velvet"
@@ -58,16 +59,16 @@ def srv():
             [*cli, "member", "ed", "--role", "editor"], capture_output=True, text=True, env=env
         )
         assert added.returncode == 0 and "Warning" not in added.stderr, added.stderr
-        server.main(["--dir", str(folder), "member", "rita", "--role", "reader",
+        control.main(["--dir", str(folder), "member", "rita", "--role", "reader",
                      "--experiments", "notes"])  # fmt: skip
         yield SimpleNamespace(
             uri=f"http://127.0.0.1:{port}", folder=folder,
-            admin=read_credentials(folder / server.CREDENTIALS),
+            admin=read_credentials(folder / control.CREDENTIALS),
             ed=read_credentials(members.member_file(folder, "ed")),
             rita=read_credentials(members.member_file(folder, "rita")),
         )  # fmt: skip
     finally:
-        server.stop(folder)
+        control.stop(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -192,15 +193,15 @@ def test_a_password_is_long_and_uncommon_wherever_it_is_set(srv):
 
 
 def test_the_server_runs_as_its_own_user_with_root_files_out_of_reach(srv):
-    state = json.loads((srv.folder / server.STATE).read_text())
+    state = json.loads((srv.folder / control.STATE).read_text())
     assert psutil.Process(state["mlflow_pid"]).username() == SERVICE_USER
     top = srv.folder.stat()
     assert top.st_uid == 0 and stat.S_IMODE(top.st_mode) == 0o711  # never postgres's
     owners = {p.name: pwd.getpwuid(p.stat().st_uid).pw_name for p in srv.folder.iterdir()}
     assert {n for n, o in owners.items() if o == "postgres"} == {"pg", "postgres"}
-    assert owners[server.LOG] == owners[server.CREDENTIALS] == owners["members"] == "root"
+    assert owners[control.LOG] == owners[control.CREDENTIALS] == owners["members"] == "root"
     # the server's user reads neither the admin's nor a member's credentials
-    for secret in (srv.folder / server.CREDENTIALS, members.member_file(srv.folder, "ed")):
+    for secret in (srv.folder / control.CREDENTIALS, members.member_file(srv.folder, "ed")):
         peek = subprocess.run(["runuser", "-u", SERVICE_USER, "--", "cat", str(secret)],
                               capture_output=True, text=True)  # fmt: skip
         assert peek.returncode != 0 and "Permission denied" in peek.stderr
@@ -247,12 +248,12 @@ def test_a_taken_database_port_or_a_planted_log_link_is_one_line(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(AblateError, match=rf"PostgreSQL's port {port} .* PG_PORT="):
-            server.start(tmp_path / "a", free_port(), port, db_url=None)
+            control.start(tmp_path / "a", free_port(), port, db_url=None)
     folder = tmp_path / "b"
     folder.mkdir()
-    (folder / server.LOG).symlink_to(tmp_path / "elsewhere.log")
-    with pytest.raises(AblateError, match=f"{server.LOG}.*symlink"):
-        server.start(folder, free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db")
+    (folder / control.LOG).symlink_to(tmp_path / "elsewhere.log")
+    with pytest.raises(AblateError, match=f"{control.LOG}.*symlink"):
+        control.start(folder, free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db")
     assert not (tmp_path / "elsewhere.log").exists()
 
 

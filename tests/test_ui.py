@@ -15,7 +15,7 @@ import psutil
 from conftest import ROOT, compose_cfg
 from mlflow.tracking import MlflowClient
 
-from ablate.tracking import ui
+from ablate.tracking import ui_links
 from ablate.tracking.run import start_run, where_to_browse
 from ablate.tracking.store import EXPERIMENT_KIND, prepare
 
@@ -48,16 +48,18 @@ def test_a_run_gives_its_experiment_a_view_with_the_primary_metric(store, tmp_pa
     assert shown["selectedColumns"][:2] == [best, test]
     assert shown["orderByKey"] == best and shown["orderByAsc"] is False
     page = f"/#/experiments/{run.experiment_id}/runs?viewStateShareKey=ablate-pos&workflowType="
-    assert page in ui.address("http://h:1", run.experiment_id, view="ablate-pos")
+    assert page in ui_links.address("http://h:1", run.experiment_id, view="ablate-pos")
 
 
 def test_make_ui_prints_each_experiments_runs_page_and_serves_it(store, monkeypatch):
     experiment = prepare(store, "grid")
-    ui.set_view(MlflowClient(store), experiment, "pos")
+    ui_links.set_view(MlflowClient(store), experiment, "pos")
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": store, "PORT": str(port)}
     monkeypatch.delenv("PORT", raising=False)
-    assert f"make ui, then http://127.0.0.1:{ui.PORT}/" in where_to_browse(store, experiment, "r")
+    assert f"make ui, then http://127.0.0.1:{ui_links.PORT}/" in where_to_browse(
+        store, experiment, "r"
+    )
     monkeypatch.setenv("PORT", str(port))  # as make passes it on
     assert f"make ui PORT={port}, then" in where_to_browse(store, experiment, "r")
     proc = subprocess.Popen(
@@ -101,7 +103,7 @@ def test_make_ui_prints_each_experiments_runs_page_and_serves_it(store, monkeypa
         os.killpg(proc.pid, 15)  # make and the server it started, nothing else
         proc.wait(timeout=30)
     deadline = time.monotonic() + 60
-    while ui.serving(store) is not None:  # the UI stops its workers before it exits
+    while ui_links.serving(store) is not None:  # the UI stops its workers before it exits
         assert time.monotonic() < deadline
         time.sleep(0.2)
     monkeypatch.setenv("PORT", str(port))
@@ -115,7 +117,7 @@ def test_make_ui_on_a_taken_port_says_so_in_one_line(store):
         taken.listen()
         port = taken.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-m", "ablate.tracking.ui", "--uri", store, "--port", str(port)],
+            [sys.executable, "-m", "ablate.server.ui", "--uri", store, "--port", str(port)],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert proc.returncode == 2 and proc.stdout == ""

@@ -3,73 +3,24 @@ server from a refused password before any training starts.
 
 A client takes its user and password where MLflow looks: ``MLFLOW_TRACKING_USERNAME`` and
 ``MLFLOW_TRACKING_PASSWORD``, else MLflow's credentials file ``~/.mlflow/credentials``. The
-files ``make server`` writes (the admin's, each member's) use that file's format, readable by
-their owner only.
+files ``make server`` writes (the admin's, each member's: ``ablate.server.credentials``) use
+that file's format, readable by their owner only.
 """
 
 from __future__ import annotations
 
-import configparser
 import contextlib
 import os
 import re
-import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 from ablate.errors import AblateError
 
 ENV_USER, ENV_PASSWORD = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 MLFLOW_FILE = "~/.mlflow/credentials"
-_SECTION = "mlflow"
 # an authenticated endpoint that any user may call: a server with authentication answers 401
 # to a missing or wrong password, and filters (never refuses) what the user may not read
 _PROBE = "/api/2.0/mlflow/experiments/search"
-
-
-def new_password(username: str = "") -> str:
-    """A random password (24 URL-safe characters) that the team server takes for ``username``
-    (``ablate.tracking.serverapp.password_problem``: a random one contains the name rarely)."""
-    from ablate.tracking.serverapp import password_problem
-
-    while password_problem(password := secrets.token_urlsafe(18), username):
-        pass
-    return password
-
-
-def write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -> None:
-    """Write ``text`` to ``path`` readable and writable by its owner only (0600), atomically;
-    ``owner`` (uid, gid) gets the file (set on the open file: a symlink planted at the path is
-    replaced, never followed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
-    with os.fdopen(fd, "w") as f:
-        if owner is not None:
-            os.fchown(f.fileno(), *owner)
-        f.write(text)
-    tmp.replace(path)
-
-
-def write_credentials(path: Path, username: str, password: str) -> None:
-    """A credentials file in MLflow's format (copy it to ``~/.mlflow/credentials`` to use it)."""
-    write_private(
-        path,
-        f"[{_SECTION}]\n{ENV_USER.lower()} = {username}\n{ENV_PASSWORD.lower()} = {password}\n",
-    )
-
-
-def read_credentials(path: Path) -> tuple[str, str]:
-    """(user, password) of a credentials file in MLflow's format."""
-    parser = configparser.ConfigParser()
-    if not parser.read(path) or _SECTION not in parser:
-        raise AblateError(f"{path}: no [{_SECTION}] credentials here")
-    section = parser[_SECTION]
-    user, password = section.get(ENV_USER.lower()), section.get(ENV_PASSWORD.lower())
-    if not user or not password:
-        raise AblateError(f"{path}: {ENV_USER.lower()} or {ENV_PASSWORD.lower()} is missing")
-    return user, password
 
 
 @contextlib.contextmanager

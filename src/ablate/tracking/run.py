@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from ablate import config, overrides
 from ablate.config import project_root
 from ablate.errors import AblateError
-from ablate.tracking import procs, ui
+from ablate.tracking import procs, ui_links
 from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
@@ -143,12 +143,12 @@ def where_to_browse(uri: str, experiment_id: str, run_id: str) -> str:
     serves this store now, else ``make ui`` (on ``$PORT``, as the Makefile) and the page it
     will be at."""
     if uri.startswith(("http://", "https://")):
-        return f"open {ui.address(uri, experiment_id, run_id)}"
-    if (base := ui.serving(uri)) is not None:  # the make ui that serves this store now
-        return f"open {ui.address(base, experiment_id, run_id)} (make ui serves this store)"
-    port = os.environ.get("PORT", ui.PORT)
-    page = ui.address(f"http://{ui.HOST}:{port}", experiment_id, run_id)
-    make = "make ui" if port == ui.PORT else f"make ui PORT={port}"
+        return f"open {ui_links.address(uri, experiment_id, run_id)}"
+    if (base := ui_links.serving(uri)) is not None:  # the make ui that serves this store now
+        return f"open {ui_links.address(base, experiment_id, run_id)} (make ui serves this store)"
+    port = os.environ.get("PORT", ui_links.PORT)
+    page = ui_links.address(f"http://{ui_links.HOST}:{port}", experiment_id, run_id)
+    make = "make ui" if port == ui_links.PORT else f"make ui PORT={port}"
     return f"browse it with: {make}, then {page}"
 
 
@@ -320,7 +320,7 @@ def start_run(
         # the tags mlflow.start_run adds (source, user, git), without its process-global state
         run_id = client.create_run(experiment_id, tags=context.resolve_tags(tags)).info.run_id
     with contextlib.suppress(MlflowException):  # a view to open, not the run's record
-        ui.set_view(client, experiment_id, cfg.data.task)
+        ui_links.set_view(client, experiment_id, cfg.data.task)
     run = Run(run_id, cfg, Journal(journal_folder(run_id), uri, run_id), resumed)
     run.experiment_id = experiment_id
     run.system_metrics()

@@ -18,8 +18,9 @@ import re
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.tracking.auth import as_user, new_password, read_credentials, write_credentials
-from ablate.tracking.serverfiles import CREDENTIALS, local_uri
+from ablate.server.credentials import new_password, read_credentials, write_credentials
+from ablate.server.files import CREDENTIALS, local_uri
+from ablate.tracking.auth import as_user
 
 MEMBERS = "members"
 # role -> (its permission on each granted experiment, its permission on every run / model
@@ -186,7 +187,7 @@ def new_password_for(folder: Path, name: str) -> Path:
 
 
 def main(args: argparse.Namespace) -> str:
-    """``member`` and ``password`` of ``python -m ablate.tracking.server``: what to tell."""
+    """``member`` and ``password`` of ``python -m ablate.server``: what to tell."""
     folder = args.dir.resolve()
     if args.action == "password":
         path = new_password_for(folder, args.name)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.tracking.postgres import private_dir
+from ablate.server.postgres import private_dir
 
 SERVICE_USER = "ablate-mlflow"
 MEMBERS = "members"

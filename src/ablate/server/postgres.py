@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.tracking.auth import new_password, write_private
+from ablate.server.credentials import new_password, write_private
 
 PASSFILE = "pgpass"
 DATA, RUN, LOG = "pg", "postgres", "postgres.log"

@@ -1,13 +1,13 @@
 """A team tracking server: ``mlflow server`` with authentication on a PostgreSQL backend,
 started and stopped by pid.
 
-``python -m ablate.tracking.server start`` creates (once) a PostgreSQL cluster under
-``.server/pg`` that asks for a password (``ablate.tracking.postgres``) — or uses ``--db-url``
+``python -m ablate.server start`` creates (once) a PostgreSQL cluster under
+``.server/pg`` that asks for a password (``ablate.server.postgres``) — or uses ``--db-url``
 for an existing database — and starts MLflow's basic-auth app with ablate's guards
-(``ablate.tracking.serverapp``) on it, with an artifact root under ``.server/artifacts``. On the
+(``ablate.server.app``) on it, with an artifact root under ``.server/artifacts``. On the
 first start it generates the admin's password into ``.server/credentials`` (owner-only, MLflow's
 credentials-file format; never printed). ``member`` adds a member (reader or editor) or changes
-its role, ``password`` gives one a new password (``ablate.tracking.members``), ``stop`` stops
+its role, ``password`` gives one a new password (``ablate.server.members``), ``stop`` stops
 what ``start`` started, by the pids it recorded.
 
 Started as root, the MLflow server runs as a system user of its own (``ablate-mlflow``, created
@@ -33,23 +33,19 @@ from pathlib import Path
 
 from ablate.config import project_root
 from ablate.errors import AblateError
-from ablate.tracking import procs
-from ablate.tracking.auth import (
-    ENV_PASSWORD,
-    ENV_USER,
-    as_user,
-    check_server,
-    health,
+from ablate.server.app import APP_NAME, DEFAULT_MAX_UPLOAD_MB, LOGINS_ENV, MAX_UPLOAD_ENV
+from ablate.server.credentials import (
     new_password,
     read_credentials,
     write_credentials,
     write_private,
 )
-from ablate.tracking.postgres import client_env, start_postgres, stop_postgres
-from ablate.tracking.serverapp import APP_NAME, DEFAULT_MAX_UPLOAD_MB, LOGINS_ENV, MAX_UPLOAD_ENV
-from ablate.tracking.serverfiles import CREDENTIALS, STATE, local_uri
-from ablate.tracking.serveruser import adopt, as_service, own_folder, service_user
-from ablate.tracking.ui import NO_JOBS
+from ablate.server.files import CREDENTIALS, STATE, local_uri
+from ablate.server.postgres import client_env, start_postgres, stop_postgres
+from ablate.server.service_user import adopt, as_service, own_folder, service_user
+from ablate.server.ui import NO_JOBS
+from ablate.tracking import procs
+from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user, check_server, health
 
 ADMIN = "admin"
 AUTH_CONFIG, AUTH_DB, SECRET = "basic_auth.ini", "basic_auth.db", "flask_secret"
@@ -154,7 +150,7 @@ def _auth_env(folder: Path, owner: tuple[int, int] | None) -> dict[str, str]:
         write_credentials(creds, ADMIN, new_password(ADMIN))
     if not (folder / SECRET).is_file():
         write_private(folder / SECRET, secrets.token_hex(32))
-    # a member sees only the experiments granted to it (ablate.tracking.members)
+    # a member sees only the experiments granted to it (ablate.server.members)
     write_private(
         folder / AUTH_CONFIG,
         "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
@@ -288,10 +284,11 @@ def stop(folder: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ablate.tracking import members
+    """``python -m ablate.server``: start, stop, a member, a new password."""
+    from ablate.server import members
 
     parser = argparse.ArgumentParser(
-        prog="python -m ablate.tracking.server",
+        prog="python -m ablate.server",
         description="Team MLflow tracking server with authentication, on PostgreSQL.",
     )
     parser.add_argument("--dir", type=Path, default=project_root() / ".server")
@@ -329,9 +326,5 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print(members.main(args))
     except AblateError as exc:
-        print(f"ablate.tracking.server: error: {exc}", file=sys.stderr)
+        print(f"ablate.server: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-if __name__ == "__main__":
-    main()
