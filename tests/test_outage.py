@@ -29,7 +29,8 @@ def mlflow_server():
     again if a test before left it stopped), and a way to start it again."""
     folder = Path(tempfile.mkdtemp(prefix="ablate-outage-"))
     port = free_port()
-    db = f"sqlite:///{folder / 'mlflow.db'}"
+    # the server's own folder: started as root, the server runs as a user of its own
+    db = f"sqlite:///{folder / control.HOME / 'mlflow.db'}"
     uri = control.start(folder, port, 0, db_url=db)
 
     def restart() -> None:

@@ -253,8 +253,12 @@ def test_a_taken_database_port_or_a_planted_log_link_is_one_line(tmp_path):
     folder.mkdir()
     (folder / control.LOG).symlink_to(tmp_path / "elsewhere.log")
     with pytest.raises(AblateError, match=f"{control.LOG}.*symlink"):
-        control.start(folder, free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db")
+        control.start(folder, free_port(), 0, db_url=f"sqlite:///{folder}/{control.HOME}/m.db")
     assert not (tmp_path / "elsewhere.log").exists()
+    # a sqlite store the server's own user could not write: said before anything starts
+    with pytest.raises(AblateError, match=rf"does not own {tmp_path}: .*{control.HOME}/mlflow.db"):
+        control.start(tmp_path / "c", free_port(), 0, db_url=f"sqlite:///{tmp_path}/m.db")
+    assert not (tmp_path / "c" / control.STATE).exists()
 
 
 def test_a_cluster_from_an_earlier_ablate_loses_its_superuser_role():

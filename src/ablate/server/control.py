@@ -42,7 +42,13 @@ from ablate.server.credentials import (
 )
 from ablate.server.files import CREDENTIALS, STATE, local_uri
 from ablate.server.postgres import client_env, start_postgres, stop_postgres
-from ablate.server.service_user import adopt, as_service, own_folder, service_user
+from ablate.server.service_user import (
+    SERVICE_USER,
+    adopt,
+    as_service,
+    own_folder,
+    service_user,
+)
 from ablate.server.ui import NO_JOBS
 from ablate.tracking import procs
 from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user, check_server, health
@@ -99,6 +105,8 @@ def start(
         _check_port_free("127.0.0.1", pg_port, "PostgreSQL's", "make server PG_PORT=...")
     for name in (HOME, ARTIFACTS):
         adopt(folder / name, owner)
+    if db_url is not None:
+        _check_sqlite_writable(db_url, owner, folder)
     env = _auth_env(folder, owner) if auth else {}
     state: dict = {"port": port, "host": host, "auth": auth}
     if db_url is None:
@@ -113,6 +121,21 @@ def start(
     except BaseException:
         stop(folder)
         raise
+
+
+def _check_sqlite_writable(db_url: str, owner: tuple[int, int] | None, folder: Path) -> None:
+    """A sqlite ``db_url`` the server's own user can write (its folder that user's), else one
+    line saying where it may go: started as root, the server runs as that user."""
+    if owner is None or not db_url.startswith("sqlite:///"):
+        return
+    path = Path(db_url.removeprefix("sqlite:///"))
+    held = path if path.exists() else path.parent
+    if not held.exists() or held.stat().st_uid != owner[0]:
+        raise AblateError(
+            f"--db-url {db_url}: the server runs as its own user ({SERVICE_USER}), which does "
+            f"not own {held}: put the file in the server's own folder (sqlite:///"
+            f"{folder / HOME}/mlflow.db), or chown -R {SERVICE_USER} {path.parent}"
+        )
 
 
 def _free_port() -> int:
@@ -229,7 +252,8 @@ def _start_mlflow(
     wait_healthy(uri, timeout, proc)
     if proc.poll() is not None:  # something else answered on the port
         raise AblateError(f"mlflow server exited with code {proc.returncode}")
-    if auth_env:  # the admin's file matches the user store (a restored backup may not)
+    if "MLFLOW_AUTH_CONFIG_PATH" in auth_env:  # the admin's file matches the user store
+        # (a restored backup may not)
         with as_user(*read_credentials(folder / CREDENTIALS)):
             check_server(uri)
     return uri
