@@ -26,11 +26,12 @@ from typing import Any
 
 from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, ValueType
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 
 from ablate import config, pinned
 from ablate.errors import AblateError
+from ablate.pinned import selected
 
 CONFIG_NAME = "train"
 HELP = "python -m ablate.train --help"
@@ -153,18 +154,6 @@ def guess(word: str, allowed: Sequence[str], prefix: str = "") -> str:
         score = [difflib.SequenceMatcher(None, word, c).ratio() for c in close]
         close = [c for c, s in zip(close, score, strict=True) if s >= score[0] - 0.1]
     return f" did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else ""
-
-
-def selected(o: Override) -> list[str]:
-    """The options a group override selects; a glob or an empty choice selects no named one."""
-    value = o.value()
-    if value is None or o.value_type in (ValueType.GLOB_CHOICE_SWEEP, ValueType.INTERVAL_SWEEP):
-        return []
-    if o.is_discrete_sweep():
-        return list(o.sweep_string_iterator())
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    return [str(value)]
 
 
 def as_job_sees(given: Sequence[str]) -> list[str]:

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -59,8 +59,6 @@ class Choices:
     def of(self, group: str) -> list[str]:
         """The options of ``group`` the command line picks: its override's (every value of a
         sweep), else the composed default."""
-        from ablate.overrides import selected  # overrides imports this module
-
         if group in self.given:
             return selected(self.given[group])
         choice = self.compose().hydra.runtime.choices.get(group)
@@ -69,6 +67,18 @@ class Choices:
     def node(self, group: str, option: str) -> DictConfig:
         """``group``'s node as ``option`` composes it, interpolations unresolved."""
         return self.compose(f"{group}={option}")[group]
+
+
+def selected(o: Override) -> list[str]:
+    """The options a group override selects; a glob or an empty choice selects no named one."""
+    value = o.value()
+    if value is None or o.value_type in (ValueType.GLOB_CHOICE_SWEEP, ValueType.INTERVAL_SWEEP):
+        return []
+    if o.is_discrete_sweep():
+        return list(o.sweep_string_iterator())
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [str(value)]
 
 
 def _readers(repo: Any, group: str, key: str) -> list[str]:
