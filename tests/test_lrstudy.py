@@ -21,7 +21,7 @@ from ablate import search
 from ablate.errors import AblateError
 from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_TAG
 from ablate.lrstudy import study as lrstudy
-from ablate.tracking.lrstudy import best, tuned_lr
+from ablate.lrstudy.runs import best, tuned_lr
 
 
 def test_the_environment_has_optuna_4_or_later_and_no_hydra_sweeper():

@@ -26,9 +26,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from ablate import config, tasks
 from ablate.errors import AblateError
 from ablate.lrstudy import study as lrstudy
+from ablate.lrstudy.runs import Study, all_studies, best
 from ablate.overrides import check as check_overrides
 from ablate.report.lrsearch import table
-from ablate.tracking.lrstudy import Study, all_studies, best
 from ablate.tracking.signals import pass_on
 
 PRESET = lrstudy.PRESET

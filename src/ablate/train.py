@@ -126,7 +126,7 @@ def take_tuned_lr(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    from ablate.tracking.lrstudy import search_command, tuned_lr
+    from ablate.lrstudy.runs import search_command, tuned_lr
 
     best = tuned_lr(cfg, search_command(cfg))
     log.info(

@@ -1,7 +1,7 @@
 """Learning-rate studies on Optuna, driven by ablate: ``study`` runs one freeze option's study
 (persistent, resumable, shared by several workers, pruned, widening its range); ``pruning`` is
 the per-epoch hook a trial's training reports through. ``python -m ablate.search`` runs them;
-``ablate.tracking.lrstudy`` reads their trials back from MLflow."""
+``ablate.lrstudy.runs`` reads their trials back from MLflow."""
 
 TRIAL_ENV = "ABLATE_LR_TRIAL"  # a trial's process: JSON of storage, study, trial_id, driver pid
 TRIAL_TAG = "lr_trial"  # MLflow tag of a trial's run: "<optuna study>:<trial number>"

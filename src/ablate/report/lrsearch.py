@@ -1,13 +1,13 @@
 """The learning-rate search's table: per study, its trials, those pruned and the epochs that
-saved, and the best trial's lr and objective (``ablate.tracking.lrstudy`` reads them from the
+saved, and the best trial's lr and objective (``ablate.lrstudy.runs`` reads them from the
 store)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ablate.lrstudy.runs import Best
 from ablate.tables import markdown_table
-from ablate.tracking.lrstudy import Best
 
 
 def table(rows: Sequence[Best]) -> str:
