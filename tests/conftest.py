@@ -89,17 +89,22 @@ def write_treebank(folder: Path, prefix: str, splits: dict[str, list[str]]) -> P
     return folder
 
 
+def naija_slice(root: Path, name: str, train: int, held_out: int = 40) -> Path:
+    """``root`` as a data root with ``ud/UD_Naija-<name>``: the first ``train`` real Naija
+    training sentences and ``held_out`` each of dev and test."""
+    blocks = {s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu") for s in ("train", "dev", "test")}
+    sizes = {"train": train, "dev": held_out, "test": held_out}
+    write_treebank(
+        root / "ud" / f"UD_Naija-{name}", f"pcm_{name.lower()}",
+        {split: blocks[split][:n] for split, n in sizes.items()},
+    )  # fmt: skip
+    return root
+
+
 @pytest.fixture(scope="session")
 def slice_root(tmp_path_factory) -> Path:
     """A data root with ``ud/UD_Naija-Slice``: the first 120/40/40 real Naija sentences."""
-    root = tmp_path_factory.mktemp("data")
-    blocks = {s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu") for s in ("train", "dev", "test")}
-    write_treebank(
-        root / "ud" / "UD_Naija-Slice",
-        "pcm_slice",
-        {"train": blocks["train"][:120], "dev": blocks["dev"][:40], "test": blocks["test"][:40]},
-    )
-    return root
+    return naija_slice(tmp_path_factory.mktemp("data"), "Slice", 120)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from conftest import (
     compose_cfg,
     conllu_blocks,
     logged_runs,
+    naija_slice,
     run_cli,
     run_info,
     slice_overrides,
@@ -46,12 +47,7 @@ def runs_in(store: str, experiment: str = "ablate"):
 def test_killed_run_is_marked_killed_and_resumes_into_the_same_run(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # Enough training sentences that epoch 2 lasts long past the poll; few dev/test ones.
-    blocks = {s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu") for s in ("train", "dev", "test")}
-    write_treebank(
-        tmp_path / "data" / "ud" / "UD_Naija-Kill",
-        "pcm_kill",
-        {"train": blocks["train"][:1500], "dev": blocks["dev"][:40], "test": blocks["test"][:40]},
-    )
+    naija_slice(tmp_path / "data", "Kill", 1500)
     common = [
         "data=ud", "data.treebank=UD_Naija-Kill", f"data.root={tmp_path / 'data'}", "model=tiny",
         "trainer.epochs=3", f"tracking.uri={store}",
@@ -292,7 +288,7 @@ def test_a_zombie_leader_whose_threads_still_run_counts_as_running_until_reaped(
 
 
 def test_each_bad_input_is_one_named_error_and_leaves_no_run(slice_root, tmp_path):
-    from conftest import NAIJA, conllu_blocks, write_treebank
+    from conftest import conllu_blocks
 
     blocks = {
         s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu")[:20] for s in ("train", "dev", "test")

@@ -13,15 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
-    NAIJA,
-    ROOT,
-    conllu_blocks,
-    logged_runs,
-    run_cli,
-    sweep_parents,
-    write_treebank,
-)  # fmt: skip
+from conftest import ROOT, logged_runs, naija_slice, run_cli, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate.training import checkpoints
@@ -30,13 +22,7 @@ from ablate.training import checkpoints
 @pytest.fixture(scope="module")
 def long_root(tmp_path_factory) -> Path:
     """Enough training sentences that an epoch lasts past a poll; few dev/test ones."""
-    root = tmp_path_factory.mktemp("signals")
-    blocks = {s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu") for s in ("train", "dev", "test")}
-    write_treebank(
-        root / "ud" / "UD_Naija-Long", "pcm_long",
-        {"train": blocks["train"][:1500], "dev": blocks["dev"][:40], "test": blocks["test"][:40]},
-    )  # fmt: skip
-    return root
+    return naija_slice(tmp_path_factory.mktemp("signals"), "Long", 1500)
 
 
 def recipe(root: Path, store: str) -> list[str]:

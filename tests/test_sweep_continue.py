@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import NAIJA, conllu_blocks, logged_runs, run_cli, sweep_parents, write_treebank
+from conftest import logged_runs, naija_slice, run_cli, sweep_parents
 from mlflow.tracking import MlflowClient
 from test_interrupt import interrupted
 
@@ -23,13 +23,7 @@ pytestmark = pytest.mark.heavy
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     """Enough training sentences that the stopped job's second epoch outlasts the Ctrl-C."""
-    root = tmp_path_factory.mktemp("continue")
-    blocks = {s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu") for s in ("train", "dev", "test")}
-    write_treebank(
-        root / "ud" / "UD_Naija-Mid", "pcm_mid",
-        {"train": blocks["train"][:500], "dev": blocks["dev"][:40], "test": blocks["test"][:40]},
-    )  # fmt: skip
-    return root
+    return naija_slice(tmp_path_factory.mktemp("continue"), "Mid", 500)
 
 
 def test_a_continued_sweep_reports_every_job_of_its_grid(root, tmp_path, capsys):
