@@ -13,13 +13,15 @@ import shlex
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from ablate import workers
 from ablate.errors import AblateError
 from ablate.tracking.journal import chunks
 from ablate.tracking.signals import pass_on
@@ -36,6 +38,30 @@ def _prepare(config: DictConfig) -> str:
     except AblateError as exc:
         print(f"ablate: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None  # before any job: one line, no traceback
+
+
+def _warm(config: DictConfig):
+    """Whether a joblib sweep's workers are started and importing (``ablate.workers``).
+    Preloading is only a head start: where it fails, the jobs import as before."""
+    try:
+        return workers.warm(config)
+    except Exception as exc:  # e.g. a joblib whose internals moved: the jobs start as before
+        log.warning("the sweep's workers start without preloading: %r", exc)
+        return False
+
+
+def _report_imports() -> None:
+    """The report's imports, while the jobs run in their workers: the report after the last
+    job then starts at once."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # as the report's writer sets it
+        import matplotlib.pyplot  # noqa: F401
+
+        import ablate.report  # noqa: F401
+    except Exception:  # the report imports them again, and says what failed
+        pass
 
 
 def _sweep_name(config: DictConfig) -> str:
@@ -82,17 +108,27 @@ class Sweep(Callback):
 
     def __init__(self) -> None:
         self.parent: dict[str, Any] | None = None
+        self.preloaded = False  # a joblib sweep's workers, started by the sweep (ablate.workers)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _prepare(config)
 
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if (num := OmegaConf.select(config, "hydra.job.num")) is not None:
+            workers.note_job(num)  # in a preloaded worker: it says which jobs it ran
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.preloaded = _warm(config)  # first: the workers import while the store is prepared
         from mlflow.tracking import MlflowClient
 
         from ablate.tracking import parent
         from ablate.tracking.run import process
 
-        experiment_id = _prepare(config)
+        try:
+            experiment_id = _prepare(config)
+        except SystemExit:
+            workers.release(kill=True)
+            raise
         uri, sweep_dir = config.tracking.uri, str(Path(config.hydra.sweep.dir).resolve())
         client = MlflowClient(uri)
         run = client.create_run(
@@ -116,8 +152,11 @@ class Sweep(Callback):
         }  # fmt: skip
         atexit.register(self._end, completed=False)  # a failed or interrupted sweep ends too
         pass_on(self._stopped)  # a stop signal reaches the jobs, then ends the sweep KILLED
+        if self.preloaded:  # this process only waits for the jobs from here on
+            threading.Thread(target=_report_imports, name="ablate-report", daemon=True).start()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        workers.release()  # the preloaded workers exit while the report is written
         self._end(completed=True)
 
     def _stopped(self, signum: int) -> None:
