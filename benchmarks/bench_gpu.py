@@ -189,6 +189,29 @@ def finished_runs(uri: str, experiment: str) -> int | str:
                for r in runs)  # fmt: skip
 
 
+def preloaded_workers(sweep_dir: Path) -> list[dict]:
+    """The records of the workers a sweep started and preloaded (none before ablate did)."""
+    try:
+        from ablate.workers import preloaded
+    except ImportError:  # ablate from before preloaded workers: the bench measures it as it is
+        return []
+    return preloaded(sweep_dir)
+
+
+def jobs_train_s(uri: str, experiment: str) -> float | None:
+    """The training runs' ``train_runtime_s`` (training with its dev evaluations) summed, or
+    None where the store cannot be read."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(uri)
+        found = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([found.experiment_id]) if found else []
+    except Exception:  # the grid's table says how many runs finished, or why not
+        return None
+    return float(sum(r.data.metrics.get("train_runtime_s", 0.0) for r in runs))
+
+
 def commit(args) -> str:
     """This checkout's commit, or the one ``make gpu-wheels`` recorded where there is no git."""
     try:
@@ -275,9 +298,12 @@ def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> Non
     }  # fmt: skip
     if "skipped" not in phase:  # where its wall time went, from the timestamps of its log
         log = state["logs"]["grid-ablate"].read_text(errors="replace")
-        state["grid"]["ablate"]["timeline"] = gpu_table.timeline(
-            log, phase["started"], phase["wall_s"]
-        )
+        marks = gpu_table.timeline(log, phase["started"], phase["wall_s"])
+        if isinstance(train_s := jobs_train_s(uri, experiment), float):
+            marks.update(train_s=train_s, workers=workers)
+        if ran := preloaded_workers(work / "grid-sweep"):
+            marks["preloaded"] = {"workers": len(ran), "jobs": sum(len(r["jobs"]) for r in ran)}
+        state["grid"]["ablate"]["timeline"] = marks
     gpu_table.write(args, state)
     jobs = [{"id": f"grid/{d}/{f}", "recipe": args.grid_plain,
              "overrides": [*data[d], f"freeze={f}", *common]}
@@ -325,8 +351,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--budget-s", type=float, default=540.0, help="stop starting or continuing phases then")
     add("--dry-run", action="store_true", help="CPU, tiny shapes, a few sentences")
     args = parser.parse_args(argv)
-    if args.dry_run:
-        given = {k for k, v in vars(args).items() if v != parser.get_default(k)}
+    if args.dry_run:  # what the command line names stays, its default's value too
+        words = sys.argv[1:] if argv is None else argv
+        given = {
+            k for k in DRY if any(w.split("=")[0] == "--" + k.replace("_", "-") for w in words)
+        }
         for key, value in DRY.items():
             if key not in given:
                 setattr(args, key, value)

@@ -119,8 +119,9 @@ _LOG_LINE = re.compile(
 def timeline(log: str, started: float, wall_s: float) -> dict:
     """Where a sweep's wall time went, from its log's timestamps (seconds after ``started``, the
     command's start, a Unix time on the same clock): ``launch_s`` (Hydra launches the jobs),
-    ``first_done_s`` and ``last_done_s`` (a job's run FINISHED), ``end_s`` (the command ended,
-    after the sweep's report)."""
+    ``first_job_s`` (a job's first line: its worker is up and its imports done), ``first_done_s``
+    and ``last_done_s`` (a job's run FINISHED), ``end_s`` (the command ended, after the sweep's
+    report)."""
     marks: dict[str, float] = {"end_s": wall_s}
     for line in log.splitlines():
         match = _LOG_LINE.match(line)
@@ -130,22 +131,44 @@ def timeline(log: str, started: float, wall_s: float) -> dict:
         at = dt.datetime.strptime(when, "%Y-%m-%d %H:%M:%S,%f").timestamp() - started
         if source == "HYDRA" and "Launching" in message:
             marks.setdefault("launch_s", at)
-        elif source == "ablate" and message.startswith("run ") and " FINISHED" in message:
-            marks.setdefault("first_done_s", at)
-            marks["last_done_s"] = at
+        elif source.startswith("ablate") and "launch_s" in marks:
+            marks.setdefault("first_job_s", at)
+            if source == "ablate" and message.startswith("run ") and " FINISHED" in message:
+                marks.setdefault("first_done_s", at)
+                marks["last_done_s"] = at
     return marks
 
 
+def overhead(marks: dict) -> float | None:
+    """A sweep's wall time minus its jobs' training and evaluation (``train_s``, the runs'
+    ``train_runtime_s`` summed) spread over its ``workers``: what starting, tracking and
+    reporting the jobs cost."""
+    if "train_s" not in marks or not marks.get("workers"):
+        return None
+    return marks["end_s"] - marks["train_s"] / marks["workers"]
+
+
 def timeline_line(marks: dict) -> str:
-    """One sentence of ``timeline``'s marks, those present."""
+    """One sentence of ``timeline``'s marks, those present, and the sweep's overhead."""
     said = {
         "launch_s": "launched its jobs at {:.1f} s",
+        "first_job_s": "its first job started at {:.1f} s",
         "first_done_s": "its first job finished at {:.1f} s",
         "last_done_s": "its last at {:.1f} s",
         "end_s": "and it ended at {:.1f} s (after its report)",
     }
     parts = [text.format(marks[key]) for key, text in said.items() if key in marks]
-    return "ablate's sweep " + ", ".join(parts) + "." if len(parts) > 1 else ""
+    if len(parts) <= 1:
+        return ""
+    line = "ablate's sweep " + ", ".join(parts) + "."
+    if (cost := overhead(marks)) is not None:
+        line += (
+            f" Its jobs trained and evaluated for {marks['train_s']:.1f} s in all (their runs' "
+            f"train_runtime_s) on {marks['workers']} worker(s): an overhead of {cost:.1f} s."
+        )
+    if ran := marks.get("preloaded"):
+        line += f" {ran['jobs']} job(s) ran in {ran['workers']} worker(s) preloaded at its start."
+    return line
 
 
 def grid_table(grid: dict) -> str:

@@ -47,6 +47,11 @@ def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkey
     assert "hydra/launcher=joblib hydra.launcher.n_jobs=2" in grid["ablate"]["command"]
     marks = grid["ablate"]["timeline"]  # where the sweep's time went, read from its log
     assert 0 < marks["launch_s"] < marks["first_done_s"] <= marks["last_done_s"] < marks["end_s"]
+    assert marks["launch_s"] < marks["first_job_s"] < marks["first_done_s"]
+    assert 0 < marks["train_s"] < marks["end_s"] and marks["workers"] == 2
+    # both jobs ran in the two workers the sweep started and preloaded at its start
+    assert marks["preloaded"] == {"workers": 2, "jobs": 2}
+    assert "2 job(s) ran in 2 worker(s) preloaded" in (out / "bench-gpu.md").read_text()
     text = (out / "bench-gpu.md").read_text()
     assert text.startswith("GPU bench: CPU, torch ")
     assert "| distilbert_multilingual | lora | plain fp32 |" in text
