@@ -189,29 +189,6 @@ def finished_runs(uri: str, experiment: str) -> int | str:
                for r in runs)  # fmt: skip
 
 
-def preloaded_workers(sweep_dir: Path) -> list[dict]:
-    """The records of the workers a sweep started and preloaded (none before ablate did)."""
-    try:
-        from ablate.workers import preloaded
-    except ImportError:  # ablate from before preloaded workers: the bench measures it as it is
-        return []
-    return preloaded(sweep_dir)
-
-
-def jobs_train_s(uri: str, experiment: str) -> float | None:
-    """The training runs' ``train_runtime_s`` (training with its dev evaluations) summed, or
-    None where the store cannot be read."""
-    try:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(uri)
-        found = client.get_experiment_by_name(experiment)
-        runs = client.search_runs([found.experiment_id]) if found else []
-    except Exception:  # the grid's table says how many runs finished, or why not
-        return None
-    return float(sum(r.data.metrics.get("train_runtime_s", 0.0) for r in runs))
-
-
 def commit(args) -> str:
     """This checkout's commit, or the one ``make gpu-wheels`` recorded where there is no git."""
     try:
@@ -299,9 +276,9 @@ def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> Non
     if "skipped" not in phase:  # where its wall time went, from the timestamps of its log
         log = state["logs"]["grid-ablate"].read_text(errors="replace")
         marks = gpu_table.timeline(log, phase["started"], phase["wall_s"])
-        if isinstance(train_s := jobs_train_s(uri, experiment), float):
+        if isinstance(train_s := gpu_table.jobs_train_s(uri, experiment), float):
             marks.update(train_s=train_s, workers=workers)
-        if ran := preloaded_workers(work / "grid-sweep"):
+        if ran := gpu_table.preloaded_workers(work / "grid-sweep"):
             marks["preloaded"] = {"workers": len(ran), "jobs": sum(len(r["jobs"]) for r in ran)}
         state["grid"]["ablate"]["timeline"] = marks
     gpu_table.write(args, state)

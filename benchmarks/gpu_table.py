@@ -278,6 +278,29 @@ def results(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
+def preloaded_workers(sweep_dir: Path) -> list[dict]:
+    """The records of the workers a sweep started and preloaded (none before ablate did)."""
+    try:
+        from ablate.workers import preloaded
+    except ImportError:  # ablate from before preloaded workers: the bench measures it as it is
+        return []
+    return preloaded(sweep_dir)
+
+
+def jobs_train_s(uri: str, experiment: str) -> float | None:
+    """The training runs' ``train_runtime_s`` (training with its dev evaluations) summed, or
+    None where the store cannot be read."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(uri)
+        found = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([found.experiment_id]) if found else []
+    except Exception:  # the grid's table says how many runs finished, or why not
+        return None
+    return float(sum(r.data.metrics.get("train_runtime_s", 0.0) for r in runs))
+
+
 def write(args, state: dict) -> str:
     """Write bench-gpu.md, .json and .log to ``--out`` from what has run so far; returns the
     markdown."""
