@@ -87,7 +87,8 @@ def test_sst2_run_with_minilm_through_the_cli(task_root, store, tmp_path):
     (run,) = logged_runs(store)
     m = run.data.metrics
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == "sst2-all-minilm-s42 embeddings=true epochs=1"
+    # named as a multirun's job names it (Hydra writes the bool True)
+    assert run.info.run_name == "sst2-all-minilm-s42 embeddings=True epochs=1"
     assert m["train_sentences"] == 270 and m["test_sentences"] == 30 and m["dev_sentences"] == 80
     assert len(history(store, run, "test_sentences")) == 1  # counted once
     data = run_info(store, run.info.run_id)["data"]
