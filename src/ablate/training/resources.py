@@ -97,7 +97,7 @@ def assign_gpu(
     key = key or f"ppid{os.getppid()}"
     if key in _slots:
         slot, _, gpu = _slots[key]
-        return f"worker {slot} of the sweep: GPU {gpu} (kept from its first job)"
+        return f"worker {slot} of the sweep: GPU {gpu} (the worker's for all its jobs)"
     workers = launcher_workers() if workers is None else workers
     if workers <= 1:
         return None
