@@ -16,8 +16,9 @@ from conftest import ROOT, compose_cfg
 from mlflow.tracking import MlflowClient
 
 from ablate.tracking import ui_links
-from ablate.tracking.run import start_run, where_to_browse
+from ablate.tracking.run import start_run
 from ablate.tracking.store import EXPERIMENT_KIND, prepare
+from ablate.tracking.ui_links import where_to_browse
 
 
 def free_port() -> int:

@@ -37,13 +37,6 @@ RECIPE_LR_TAG = "lr_study.recipe_lr"
 STUDY_TAG = "study"
 
 
-def lr_from_study(cfg: DictConfig) -> bool:
-    """Whether a study chose the run's lr: its strategy's best (``lr_study``, tagged ``TUNED_TAG``
-    by ``ablate.train``) or a study's trial (tagged ``STUDY_TAG``)."""
-    tags = cfg.tracking.tags
-    return TUNED_TAG in tags or STUDY_TAG in tags
-
-
 def conf_dir() -> Path:
     """The ``conf/`` folder: packaged inside a wheel, or at the root of a source checkout."""
     packaged = PACKAGE_DIR / "conf"
@@ -264,41 +257,38 @@ class TrackingConfig:
     tags: dict[str, str] = key({}, "extra tags on every run", identity=False)
 
 
+# an lr study's keys: none is hashed into a run's identity (the lr a study picks is)
+_study_key = functools.partial(key, identity=False)
+
+
 @dataclass
 class LrStudyConfig:
     """Learning-rate studies (``python -m ablate.search``, one Optuna study per freeze option, its
     trials' settings in ``hparams_search=lr``), and the strategies trained at the lr their study
     picked on dev; nothing here is hashed: the lr it picks is (``trainer.lr``)."""
 
-    freeze: list[str] = key(
-        [], "freeze options that train at their study's best lr, not `trainer.lr`",
-        identity=False,
-    )  # fmt: skip
-    experiment: str | None = key(
-        None, "MLflow experiment of those studies' trials; null = `tracking.experiment`",
-        identity=False,
-    )  # fmt: skip
-    trials: int = key(
-        6, "finished or pruned trials a study wants (each widening of its range: half as many "
-        "more)", identity=False,
-    )  # fmt: skip
-    range: list[float] = key(
-        [1e-5, 1e-3], "[low, high] lr a study searches (log scale)", identity=False
+    freeze: list[str] = _study_key(
+        [], "freeze options that train at their study's best lr, not `trainer.lr`"
     )
-    storage: str | None = key(
+    experiment: str | None = _study_key(
+        None, "MLflow experiment of those studies' trials; null = `tracking.experiment`"
+    )
+    trials: int = _study_key(
+        6, "finished or pruned trials a study wants (each widening of its range: half as many more)"
+    )
+    range: list[float] = _study_key([1e-5, 1e-3], "[low, high] lr a study searches (log scale)")
+    storage: str | None = _study_key(
         None, "Optuna storage (a database URL) the studies persist in; null = `lr_study.db` "
-        "beside a sqlite tracking store", identity=False,
+        "beside a sqlite tracking store",
     )  # fmt: skip
-    pruner: str = key(
+    pruner: str = _study_key(
         "median", "`median`: stop a trial whose dev metric is below the median of earlier "
-        "trials' at the same epoch; `none`: every trial trains all its epochs", identity=False,
+        "trials' at the same epoch; `none`: every trial trains all its epochs",
     )  # fmt: skip
-    prune_from_epoch: int = key(
-        2, "the first epoch after which a trial may be pruned", identity=False
-    )
-    widen: int = key(
+    prune_from_epoch: int = _study_key(2, "the first epoch after which a trial may be pruned")
+    widen: int = _study_key(
         2, "times a best lr in the outer tenth of the range (log scale) widens it 10x at that "
-        "edge and the study goes on", identity=False,
+        "edge and the study goes on",
     )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ def main(cfg: DictConfig) -> float:
     from ablate import tasks
     from ablate.errors import AblateError
     from ablate.tracking import run as tracking
+    from ablate.tracking import ui_links
 
     run = None  # the MLflow run, once it is open
     try:
@@ -70,7 +71,7 @@ def main(cfg: DictConfig) -> float:
             raise  # the sweep records this job as failed and goes on
         raise SystemExit(2) from None  # one line, no traceback, for a single run
     uri = cfg.tracking.uri
-    where = tracking.where_to_browse(uri, run.experiment_id, run.id)
+    where = ui_links.where_to_browse(uri, run.experiment_id, run.id)
     log.info(
         "run %s FINISHED: dev %s %.4f, test %s %.4f. Store: %s (experiment %r); %s",
         tracking.run_name(cfg), primary, results[f"dev_{primary}"], primary,

@@ -128,9 +128,11 @@ LR_SOURCE = re.compile(r"#\s*default lr, not tuned here:\s*(.+)\n\s*lr:")
 
 def untuned_lr(cfg: DictConfig, option: str) -> str | None:
     """For a run of a peft method (``freeze=option``) at an lr no study chose
-    (``config.lr_from_study``), the line that says so: the option's default lr and its source
+    (neither its strategy's best, tagged ``TUNED_TAG``, nor a study's trial, tagged
+    ``STUDY_TAG``), the line that says so: the option's default lr and its source
     (the comment in its file), or that the run set another; None for any other run."""
-    if cfg.freeze.strategy not in METHODS or config.lr_from_study(cfg):
+    tags = cfg.tracking.tags
+    if cfg.freeze.strategy not in METHODS or config.TUNED_TAG in tags or config.STUDY_TAG in tags:
         return None
     from ablate.overrides import Repository
 

@@ -138,20 +138,6 @@ def _sweep_tags() -> dict[str, str]:
     return {"hydra.sweep_dir": str(Path(hc.sweep.dir).resolve()), "hydra.job_num": str(job_num)}
 
 
-def where_to_browse(uri: str, experiment_id: str, run_id: str) -> str:
-    """How to see a run in MLflow's UI: its page on a tracking server or on the ``make ui`` that
-    serves this store now, else ``make ui`` (on ``$PORT``, as the Makefile) and the page it
-    will be at."""
-    if uri.startswith(("http://", "https://")):
-        return f"open {ui_links.address(uri, experiment_id, run_id)}"
-    if (base := ui_links.serving(uri)) is not None:  # the make ui that serves this store now
-        return f"open {ui_links.address(base, experiment_id, run_id)} (make ui serves this store)"
-    port = os.environ.get("PORT", ui_links.PORT)
-    page = ui_links.address(f"http://{ui_links.HOST}:{port}", experiment_id, run_id)
-    make = "make ui" if port == ui_links.PORT else f"make ui PORT={port}"
-    return f"browse it with: {make}, then {page}"
-
-
 def reused(twin) -> None:
     """In a sweep, record on its run that this job reused the FINISHED run ``twin``
     (``skip_finished``): the sweep's report and status count it as one of its runs."""

@@ -15,6 +15,7 @@ first, and the addresses of an experiment's runs open it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ablate.tracking import procs
@@ -76,3 +77,17 @@ def serving(uri: str) -> str | None:
     if not found or not procs.same(found["pid"], found.get("started")):
         return None
     return found["base"]
+
+
+def where_to_browse(uri: str, experiment_id: str, run_id: str) -> str:
+    """How to see a run in MLflow's UI: its page on a tracking server or on the ``make ui`` that
+    serves this store now, else ``make ui`` (on ``$PORT``, as the Makefile) and the page it
+    will be at."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {address(uri, experiment_id, run_id)}"
+    if (base := serving(uri)) is not None:  # the make ui that serves this store now
+        return f"open {address(base, experiment_id, run_id)} (make ui serves this store)"
+    port = os.environ.get("PORT", PORT)
+    page = address(f"http://{HOST}:{port}", experiment_id, run_id)
+    make = "make ui" if port == PORT else f"make ui PORT={port}"
+    return f"browse it with: {make}, then {page}"
