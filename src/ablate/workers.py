@@ -63,9 +63,6 @@ def release(kill: bool = False) -> None:
         _started = None
 
 
-_record: Path | None = None  # in a preloaded worker: its record, which lists the jobs it runs
-
-
 def warm(config: DictConfig) -> bool:
     """Start a joblib sweep's workers and their imports, returning at once; False where the
     launcher is not joblib's or runs one job at a time (its jobs then run in this process)."""

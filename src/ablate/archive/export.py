@@ -25,7 +25,7 @@ from ablate.archive import (
 )
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
-from ablate.report.load import MlflowClient, MlflowException
+from ablate.report.load import MlflowClient, MlflowException, all_runs
 
 
 def _scope(runs_source: dict[str, str]) -> dict[str, Any]:
@@ -61,15 +61,7 @@ def _study_trials(client: MlflowClient, run) -> list:
     if not study:
         return [trial]
     name = study.replace("'", "\\'")
-    found, token = [], None
-    while True:  # every page: a study may hold many trials
-        page = client.search_runs(
-            [trial.info.experiment_id], f"tags.study = '{name}'", max_results=1000, page_token=token
-        )
-        found += page
-        token = page.token
-        if not token:
-            return found
+    return all_runs(client, trial.info.experiment_id, f"tags.study = '{name}'")
 
 
 def collect(client: MlflowClient, selected: list[str]) -> dict[str, tuple[Any, str]]:

@@ -26,10 +26,11 @@ from ablate.archive import (
 )
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
-from ablate.report.load import MlflowClient, MlflowException
+from ablate.report.load import MlflowClient, MlflowException, all_runs
+from ablate.tracking.journal import chunks
 
 # MLflow's log_batch limits per request
-_METRICS_PER_BATCH, _PARAMS_PER_BATCH, _TAGS_PER_BATCH = 1000, 100, 100
+_METRICS_PER_BATCH = 1000  # MLflow's limit of metric points per batch (params, tags: chunks')
 
 
 @dataclass
@@ -40,16 +41,6 @@ class Plan:
     uri: str
     held: dict[str, str] = field(default_factory=dict)
     create: list[ArchivedRun] = field(default_factory=list)
-
-
-def _store_runs(client: MlflowClient, experiment_id: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
-        runs += page
-        token = page.token
-        if not token:
-            return runs
 
 
 def _is_new_sqlite(uri: str) -> bool:
@@ -82,7 +73,7 @@ def plan(archive: Archive, uri: str) -> Plan:
                     f"experiments restore --experiment-id {exp.experiment_id}) or import into "
                     "another store (--uri)"
                 )
-            for run in _store_runs(client, exp.experiment_id):
+            for run in all_runs(client, exp.experiment_id):
                 tags = run.data.tags
                 for alias in (run.info.run_id, tags.get(ORIGIN_TAG)):
                     if alias:
@@ -128,22 +119,17 @@ def _remap(tags: dict[str, str], ids: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _chunks(items: list, n: int):
-    for i in range(0, len(items), n):
-        yield items[i : i + n]
-
-
 def _write(client: MlflowClient, run: ArchivedRun, new_id: str, ids: dict[str, str]) -> None:
     from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 
     tags = _remap({**run.tags, ORIGIN_TAG: run.tags.get(ORIGIN_TAG, run.run_id)}, ids)
-    for batch in _chunks([RunTag(k, v) for k, v in sorted(tags.items())], _TAGS_PER_BATCH):
+    for batch in chunks([RunTag(k, v) for k, v in sorted(tags.items())]):
         client.log_batch(new_id, tags=batch, synchronous=True)
     params = [Param(k, v) for k, v in sorted(run.params.items())]
-    for batch in _chunks(params, _PARAMS_PER_BATCH):
+    for batch in chunks(params):
         client.log_batch(new_id, params=batch, synchronous=True)
     metrics = [Metric(k, v, ts, step) for k, step, ts, v in run.metrics]
-    for batch in _chunks(metrics, _METRICS_PER_BATCH):
+    for batch in chunks(metrics, _METRICS_PER_BATCH):
         client.log_batch(new_id, metrics=batch, synchronous=True)
     if run.inputs:
         client.log_inputs(

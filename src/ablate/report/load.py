@@ -82,12 +82,15 @@ def _float(value: str | None) -> float | None:
         return None
 
 
-def _search(client: MlflowClient, experiment_id: str) -> list:
+def all_runs(client: MlflowClient, experiment_id: str, filter_string: str = "") -> list:
+    """Every run of the experiment (that ``filter_string`` selects), every page read."""
     # mlflow.search_runs pages by itself, but only through the process-wide tracking URI, which
     # reading a store given by --uri must not change: this client's pages, read to the end.
     runs, token = [], None
     while True:
-        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        page = client.search_runs(
+            [experiment_id], filter_string, max_results=1000, page_token=token
+        )
         runs.extend(page)
         token = page.token
         if not token:
@@ -131,7 +134,7 @@ def overview(uri: str, experiment: str) -> str:
     """What ``experiment`` holds, for an error message: its latest sweeps that have runs (what
     ``--sweep`` takes) and its FINISHED runs by dataset (what ``--data`` takes)."""
     client, experiment_id = _client(uri, experiment)
-    found = _search(client, experiment_id)
+    found = all_runs(client, experiment_id)
     done = Counter(
         _name(r.data.params, "data") or "?"
         for r in found
@@ -195,7 +198,7 @@ def load_runs(
     """
     uri = uri or default_tracking_uri()
     client, experiment_id = _client(uri, experiment)
-    found = _search(client, experiment_id)
+    found = all_runs(client, experiment_id)
     sweep_dir, ids, parents = None, None, []
     if sweep:
         ids, sweep_dir, parents = scope.select(found, sweep, experiment)

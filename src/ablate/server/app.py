@@ -155,6 +155,7 @@ _CREATES = {
     ("mlflow/upload-artifact", "POST"): False,
 }
 _PASSWORD_ROUTES = {"mlflow/users/create", "mlflow/users/update-password", "mlflow/users/create-ui"}
+_BODY_ROUTES = {"mlflow/experiments/create", *_PASSWORD_ROUTES}
 
 
 def _grants(username: str) -> tuple[bool, set[tuple[str, str]]]:
@@ -171,6 +172,16 @@ def _grants(username: str) -> tuple[bool, set[tuple[str, str]]]:
     }
 
 
+def _json_body(request) -> dict:
+    body = request.get_json(force=True, silent=True)
+    if isinstance(body, str):  # MLflow takes a body posted double-encoded too
+        try:
+            body = json.loads(body)
+        except ValueError:
+            body = None
+    return body if isinstance(body, dict) else {}
+
+
 def _before_request():
     """After MLflow's own check (the user is known, and allowed by MLflow)."""
     from flask import g, request
@@ -179,13 +190,8 @@ def _before_request():
     if username is None:  # a route open without a password
         return None
     route = _PREFIX.sub("", request.path)
-    body = request.get_json(force=True, silent=True)
-    if isinstance(body, str):  # MLflow takes a body posted double-encoded too
-        try:
-            body = json.loads(body)
-        except ValueError:
-            body = None
-    body = body if isinstance(body, dict) else {}
+    # only the routes checked below read the body: an upload's stream is MLflow's to read
+    body = _json_body(request) if route in _BODY_ROUTES else {}
     if route == "mlflow/experiments/create" and body.get("artifact_location"):
         return _json_error(
             400, "INVALID_PARAMETER_VALUE",

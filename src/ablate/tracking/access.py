@@ -8,6 +8,7 @@ runtime check takes), so nothing of its rules is repeated here.
 from __future__ import annotations
 
 from ablate.errors import AblateError
+from ablate.tracking.auth import get_once
 
 _CURRENT = "/api/2.0/mlflow/users/current"  # any signed-in user: its name and whether admin
 _PERMISSION = "/api/3.0/mlflow/users/permissions/get"  # a user may ask about itself
@@ -15,18 +16,8 @@ _BY_NAME = "/api/2.0/mlflow/experiments/get-by-name"
 _FIX = "ask the server's admin to make it an editor (make member NAME={user} ROLE=editor)"
 
 
-def _get(uri: str, endpoint: str, **params):
-    from mlflow.utils.credentials import get_default_host_creds
-    from mlflow.utils.rest_utils import http_request
-
-    return http_request(
-        get_default_host_creds(uri), endpoint, "GET", max_retries=0, timeout=10,
-        raise_on_status=False, params=params,
-    )  # fmt: skip
-
-
 def _permission(uri: str, user: str, kind: str, resource: str) -> str:
-    resp = _get(uri, _PERMISSION, username=user, resource_type=kind, resource_id=resource)
+    resp = get_once(uri, _PERMISSION, username=user, resource_type=kind, resource_id=resource)
     if resp.status_code != 200:
         raise AblateError(
             f"tracking.uri={uri}: the server would not say what user {user!r} may do "
@@ -41,7 +32,7 @@ def check_can_run(uri: str, experiment: str) -> None:
     run there). A server without authentication passes."""
     if not uri.startswith(("http://", "https://")):
         return
-    current = _get(uri, _CURRENT)
+    current = get_once(uri, _CURRENT)
     if current.status_code == 404:  # no auth app: every client may write
         return
     if current.status_code != 200:
@@ -58,7 +49,7 @@ def check_can_run(uri: str, experiment: str) -> None:
             f"tracking.uri={uri}: user {user!r} holds {runs} on runs and cannot start a run in "
             f"experiment {experiment!r}, which needs an editor; " + _FIX.format(user=user)
         )
-    found = _get(uri, _BY_NAME, experiment_name=experiment)
+    found = get_once(uri, _BY_NAME, experiment_name=experiment)
     if found.status_code == 404:  # not created yet: its creator will manage it
         return
     held = "NO_PERMISSIONS"  # 403: the server hides an experiment not granted

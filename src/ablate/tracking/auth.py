@@ -44,7 +44,7 @@ def as_user(username: str, password: str) -> contextlib.AbstractContextManager[N
     return environ({ENV_USER: username, ENV_PASSWORD: password})
 
 
-def _get(uri: str, endpoint: str, timeout: float, **params):
+def get_once(uri: str, endpoint: str, timeout: float = 10, **params):
     """MLflow's own request (its credentials and TLS settings), tried once."""
     from mlflow.utils.credentials import get_default_host_creds
     from mlflow.utils.rest_utils import http_request
@@ -60,7 +60,7 @@ def health(uri: str, timeout: float = 2.0) -> int | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        return _get(uri, "/health", timeout).status_code
+        return get_once(uri, "/health", timeout).status_code
     except MlflowException:
         return None
 
@@ -94,9 +94,9 @@ def check_server(uri: str, timeout: float = 5.0) -> None:
     from mlflow.utils.credentials import read_mlflow_creds
 
     try:
-        status = _get(uri, "/health", timeout).status_code
+        status = get_once(uri, "/health", timeout).status_code
         if status == 200:
-            status = _get(uri, _PROBE, timeout, max_results=1).status_code
+            status = get_once(uri, _PROBE, timeout, max_results=1).status_code
     except MlflowException as exc:
         reason = _reason(exc)
         raise AblateError(f"tracking.uri={uri}: no MLflow server answers ({reason})") from None
