@@ -203,6 +203,8 @@ def test_a_reader_starting_a_run_is_one_line_before_anything_loads(team, tmp_pat
     for who in (team.ed, team.admin):
         with as_user(*who):
             assert prepare(team.uri, "notes")  # an editor and the admin go on
+    with as_user(*team.rita), pytest.raises(AblateError, match="user 'rita' holds READ"):
+        prepare(team.uri, "notes")  # their passes, kept in this process, are not hers
 
 
 def test_a_refused_password_mid_run_is_an_error_not_an_outage(team, tmp_path):

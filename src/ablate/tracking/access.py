@@ -14,6 +14,10 @@ _CURRENT = "/api/2.0/mlflow/users/current"  # any signed-in user: its name and w
 _PERMISSION = "/api/3.0/mlflow/users/permissions/get"  # a user may ask about itself
 _BY_NAME = "/api/2.0/mlflow/experiments/get-by-name"
 _FIX = "ask the server's admin to make it an editor (make member NAME={user} ROLE=editor)"
+# (uri, experiment, user) that passed in this process: a sweep prepares its store once and each
+# job again (twice with skip_finished), and each check asks the server 3-4 requests. Only a pass
+# is kept: a refusal ends the command, and the server itself refuses a write revoked since.
+_passed: set[tuple[str, str, str | None]] = set()
 
 
 def _permission(uri: str, user: str, kind: str, resource: str) -> str:
@@ -32,6 +36,15 @@ def check_can_run(uri: str, experiment: str) -> None:
     run there). A server without authentication passes."""
     if not uri.startswith(("http://", "https://")):
         return
+    from mlflow.utils.credentials import read_mlflow_creds
+
+    key = (uri, experiment, read_mlflow_creds().username)
+    if key not in _passed:
+        _check(uri, experiment)
+        _passed.add(key)
+
+
+def _check(uri: str, experiment: str) -> None:
     current = get_once(uri, _CURRENT)
     if current.status_code == 404:  # no auth app: every client may write
         return
