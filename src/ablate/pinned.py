@@ -34,6 +34,10 @@ def interpolated(text: str, group: str) -> set[str]:
     return set(re.findall(rf"\$\{{\s*(?:\.|{re.escape(group)}\.)(\w+)", text))
 
 
+# Compositions by search path, config name and overrides (read only: nodes are only read here).
+_composed: dict[tuple[str | None, ...], DictConfig] = {}
+
+
 class Choices:
     """The options a command line picks, and their groups' nodes as each option composes them
     (without the command line's keys of that group), from the ``overrides.Repository`` Hydra
@@ -50,11 +54,19 @@ class Choices:
         self.given = {o.key_or_group: o for o in parsed if repo.is_group(o.key_or_group)}
 
     def compose(self, *extra: str) -> DictConfig:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # an unavailable search path: Hydra warns itself
-            return self.repo.loader.load_configuration(
-                self.config_name, [*self.base, *extra], run_mode=RunMode.RUN
-            )
+        """The config of the chosen options (and ``extra``), composed once per process: each
+        keyed override asks for the defaults and its options' nodes again, at ~0.1 s each."""
+        loader = self.repo.loader
+        key = (str(loader.get_search_path()), self.config_name, *self.base, None, *extra)
+        if key not in _composed:
+            if len(_composed) >= 64:  # a test session's many command lines: memory stays flat
+                _composed.clear()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # an unavailable search path: Hydra warns itself
+                _composed[key] = loader.load_configuration(
+                    self.config_name, [*self.base, *extra], run_mode=RunMode.RUN
+                )
+        return _composed[key]
 
     def of(self, group: str) -> list[str]:
         """The options of ``group`` the command line picks: its override's (every value of a
