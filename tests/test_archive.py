@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import fit_run, run_cli, slice_overrides
+from helpers.runs import fit_run, run_cli, slice_overrides
 from mlflow.tracking import MlflowClient
 
 from ablate import archive, docs

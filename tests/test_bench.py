@@ -11,8 +11,8 @@ import bench_runner
 import bench_table
 import pytest
 import torch
+from helpers.speed import TASK, compose
 from mlflow.tracking import MlflowClient
-from speed_helpers import TASK, compose
 from transformers import AutoModelForTokenClassification
 
 from ablate.errors import AblateError

@@ -6,7 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from helpers.data import ROOT
+from helpers.runs import run_cli
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 

@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import DATA, EWT, NAIJA, ROOT, compose_cfg, conllu_blocks, write_treebank
+from helpers.data import DATA, EWT, NAIJA, ROOT, conllu_blocks, write_treebank
+from helpers.runs import compose_cfg
 from omegaconf import OmegaConf
 from test_download import digest, server  # noqa: F401  (the real HTTP server fixture)
 

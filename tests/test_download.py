@@ -8,7 +8,9 @@ import http.server
 import threading
 
 import pytest
-from conftest import NAIJA, logged_runs, run_cli
+from helpers.data import NAIJA
+from helpers.runs import run_cli
+from helpers.store import logged_runs
 from omegaconf import OmegaConf
 
 from ablate.data import files

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import NAIJA
+from helpers.data import NAIJA
 from transformers import AutoTokenizer
 
 from ablate.config import packaged_model_path

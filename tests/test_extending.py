@@ -6,7 +6,9 @@ import re
 import shutil
 from pathlib import Path
 
-from conftest import ROOT, logged_runs, run_cli, run_info, slice_overrides
+from helpers.data import ROOT
+from helpers.runs import run_cli, slice_overrides
+from helpers.store import logged_runs, run_info
 
 DOC = ROOT / "docs" / "extending.md"
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from conftest import compose_cfg, logged_runs, run_cli, slice_overrides
+from helpers.runs import compose_cfg, run_cli, slice_overrides
+from helpers.store import logged_runs
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 

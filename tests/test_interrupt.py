@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, logged_runs, run_cli
+from helpers.data import ROOT
+from helpers.runs import run_cli
+from helpers.store import logged_runs
 from mlflow.tracking import MlflowClient
 
 from ablate.training.checkpoints import last_complete

@@ -11,7 +11,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from conftest import compose_cfg, fit_here, slice_overrides
+from helpers.runs import compose_cfg, fit_here, slice_overrides
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file, save_file
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
-from conftest import ROOT, logged_runs, slice_overrides
+from helpers.data import ROOT
+from helpers.runs import slice_overrides
+from helpers.store import logged_runs
 from omegaconf import open_dict
 
 from ablate import search

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, logged_runs, run_info, slice_overrides
+from helpers.data import ROOT
+from helpers.runs import slice_overrides
+from helpers.store import logged_runs, run_info
 from mlflow.tracking import MlflowClient
 from test_scale import free_port
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ROOT, UNPIN, compose_cfg, fit_here, slice_overrides
+from helpers.data import ROOT, UNPIN
+from helpers.runs import compose_cfg, fit_here, slice_overrides
 from mlflow.tracking import MlflowClient
 from peft.tuners.lokr.layer import factorization
 from test_keep_model import kept_minilm_run, logged, predicted, train

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_cli, write_treebank
+from helpers.data import ROOT, write_treebank
+from helpers.runs import run_cli
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 

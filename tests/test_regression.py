@@ -12,7 +12,9 @@ import json
 
 import pytest
 import torch
-from conftest import ROOT, compose_cfg, logged_runs, run_cli, slice_overrides
+from helpers.data import ROOT
+from helpers.runs import compose_cfg, run_cli, slice_overrides
+from helpers.store import logged_runs
 from mlflow.tracking import MlflowClient
 
 from ablate.tracking.identity import identity

@@ -14,8 +14,10 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
-from chart_helpers import overlaps
-from conftest import ROOT, logged_runs, run_cli, slice_overrides
+from helpers.charts import overlaps
+from helpers.data import ROOT
+from helpers.runs import run_cli, slice_overrides
+from helpers.store import logged_runs
 from mlflow.tracking import MlflowClient
 
 from ablate import report

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
-from conftest import logged_runs, run_cli, slice_overrides, sweep_parents
+from helpers.runs import run_cli, slice_overrides
+from helpers.store import logged_runs, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate import report
@@ -239,7 +240,7 @@ def _datasets(runs, names: list[str]) -> report.Runs:
 
 
 def test_charts_of_many_panels_wrap_into_rows_readable_at_page_width(grid, tmp_path):
-    from chart_helpers import overlaps
+    from helpers.charts import overlaps
 
     runs = report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
     rep = report.build(_datasets(runs, [f"treebank{i}" for i in range(8)]), predictions=False)

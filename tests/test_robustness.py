@@ -14,18 +14,9 @@ import time
 
 import psutil
 import pytest
-from conftest import (
-    NAIJA,
-    ROOT,
-    compose_cfg,
-    conllu_blocks,
-    logged_runs,
-    naija_slice,
-    run_cli,
-    run_info,
-    slice_overrides,
-    write_treebank,
-)
+from helpers.data import NAIJA, ROOT, conllu_blocks, naija_slice, write_treebank
+from helpers.runs import compose_cfg, run_cli, slice_overrides
+from helpers.store import logged_runs, run_info
 from mlflow.tracking import MlflowClient
 
 from ablate.tasks.pos import read_conllu
@@ -288,7 +279,7 @@ def test_a_zombie_leader_whose_threads_still_run_counts_as_running_until_reaped(
 
 
 def test_each_bad_input_is_one_named_error_and_leaves_no_run(slice_root, tmp_path):
-    from conftest import conllu_blocks
+    from helpers.data import conllu_blocks
 
     blocks = {
         s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu")[:20] for s in ("train", "dev", "test")

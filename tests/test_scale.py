@@ -9,13 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import (
-    logged_runs,
-    run_cli,
-    run_info,
-    slice_overrides,
-    sweep_parents,
-)
+from helpers.runs import run_cli, slice_overrides
+from helpers.store import logged_runs, run_info, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate import config

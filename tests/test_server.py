@@ -23,7 +23,8 @@ import psutil
 import psycopg2
 import pytest
 import requests
-from conftest import logged_runs, run_cli
+from helpers.runs import run_cli
+from helpers.store import logged_runs
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from test_scale import free_port, three_sweeps_at_once

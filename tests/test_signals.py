@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, logged_runs, naija_slice, run_cli, sweep_parents
+from helpers.data import ROOT, naija_slice
+from helpers.runs import run_cli
+from helpers.store import logged_runs, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate.training import checkpoints

@@ -8,7 +8,7 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-from speed_helpers import NO_DROPOUT, build, compose, make_trainer, tiny_distilbert
+from helpers.speed import NO_DROPOUT, build, compose, make_trainer, tiny_distilbert
 from transformers import DataCollatorForTokenClassification
 
 from ablate.data.encode import IGNORE, count_scored

@@ -12,16 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FakeRecorder, logged_runs, run_cli, run_info, slice_overrides
+from ablate.plugin import Context
+from helpers.runs import FakeRecorder, run_cli, slice_overrides
+from helpers.speed import LABEL2ID, NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
+from helpers.store import logged_runs, run_info
 from mlflow.tracking import MlflowClient
-from speed_helpers import LABEL2ID, NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from ablate import switches
 from ablate.data.dataset import encode_splits
 from ablate.models import anatomy
 from ablate.models.build import load_tokenizer
-from ablate.plugin import Context
 from ablate.speed import dropout, embedding_rows, precision
 from ablate.speed.grouping import packing_unsupported
 from ablate.training.trainer import CoreTrainer

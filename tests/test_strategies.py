@@ -5,7 +5,7 @@ tests/test_strategy_runs.py."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose_cfg
+from helpers.runs import compose_cfg
 from transformers import DistilBertConfig
 
 from ablate import strategies

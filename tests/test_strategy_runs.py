@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose_cfg, fit_here, logged_runs, run_cli, slice_overrides
+from helpers.data import ROOT
+from helpers.runs import compose_cfg, fit_here, run_cli, slice_overrides
+from helpers.store import logged_runs
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 from test_strategies import NEW, build, expected_counts

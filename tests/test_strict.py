@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, logged_runs, run_cli, slice_overrides
+from helpers.data import ROOT
+from helpers.runs import run_cli, slice_overrides
+from helpers.store import logged_runs
 
 from ablate import config, helptext, overrides, search, switches
 from ablate.errors import AblateError

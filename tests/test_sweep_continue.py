@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import logged_runs, naija_slice, run_cli, sweep_parents
+from helpers.data import naija_slice
+from helpers.runs import run_cli
+from helpers.store import logged_runs, sweep_parents
 from mlflow.tracking import MlflowClient
 from test_interrupt import interrupted
 

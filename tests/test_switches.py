@@ -5,9 +5,9 @@ set; the order check of plugins that read what another adds."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose_cfg
+from helpers.runs import compose_cfg
+from helpers.speed import compose
 from omegaconf import OmegaConf
-from speed_helpers import compose
 
 from ablate import config, plugin, switches
 from ablate.errors import AblateError

@@ -9,19 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import (
-    EWT,
-    ROOT,
-    UNPIN,
-    compose_cfg,
-    conllu_blocks,
-    fit_run,
-    logged_runs,
-    run_cli,
-    run_info,
-    slice_overrides,
-    write_treebank,
-)
+from helpers.data import EWT, ROOT, UNPIN, conllu_blocks, write_treebank
+from helpers.runs import compose_cfg, fit_run, run_cli, slice_overrides
+from helpers.store import logged_runs, run_info
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from transformers import TrainerCallback

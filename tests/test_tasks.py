@@ -7,17 +7,9 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import (
-    CONLL,
-    DATA,
-    EWT,
-    SST2,
-    UNPIN,
-    compose_cfg,
-    fit_run,
-    logged_runs,
-    run_cli,
-)
+from helpers.data import CONLL, DATA, EWT, SST2, UNPIN
+from helpers.runs import compose_cfg, fit_run, run_cli
+from helpers.store import logged_runs
 
 from ablate import tasks
 from ablate.data import files

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import compose_cfg, logged_runs, run_cli, run_info, slice_overrides, sweep_parents
+from helpers.runs import compose_cfg, run_cli, slice_overrides
+from helpers.store import logged_runs, run_info, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate.config import project_root

@@ -12,7 +12,8 @@ import time
 import urllib.request
 
 import psutil
-from conftest import ROOT, compose_cfg
+from helpers.data import ROOT
+from helpers.runs import compose_cfg
 from mlflow.tracking import MlflowClient
 
 from ablate.tracking import ui_links

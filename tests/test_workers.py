@@ -3,7 +3,8 @@ sweep prepares its store; every job then runs in one of them (a real tiny sweep)
 
 from __future__ import annotations
 
-from conftest import logged_runs, run_cli, slice_overrides, sweep_parents
+from helpers.runs import run_cli, slice_overrides
+from helpers.store import logged_runs, sweep_parents
 from omegaconf import OmegaConf
 
 from ablate import workers
