@@ -1,27 +1,27 @@
-"""Shared fixtures: offline hub, real data slices, a temporary MLflow store, the real CLI."""
+"""The suite's hooks (each xdist worker on its own CPUs, heavy files first, the ``process``
+marker) and its shared fixtures (real data slices, a temporary MLflow store, a file server on
+127.0.0.1). What test modules share besides fixtures: tests/helpers."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
-import subprocess
-import sys
-from collections.abc import Sequence
+import threading
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
-from ablate import config
+# helpers' asserts report their values as a test's own do: registered before they are imported
+pytest.register_assert_rewrite("helpers")
+
+from helpers.data import CONLL, DATA, NAIJA, SST2, naija_slice  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # `make bench`'s code, outside the package
-SHARED_DATA = ROOT.parent / "shared" / "data"
-os.environ.setdefault("ABLATE_DATA_DIR", str(SHARED_DATA))
-DATA = Path(os.environ["ABLATE_DATA_DIR"])
-NAIJA = DATA / "ud" / "UD_Naija-NSC"
-EWT = DATA / "ud" / "UD_English-EWT"
+os.environ.setdefault("ABLATE_DATA_DIR", str(DATA))  # for the CLI processes the tests start
+
+from helpers.runs import compose_cfg  # noqa: E402
 
 
 def pytest_configure(config):
@@ -75,32 +75,6 @@ def _starts_a_process(item) -> bool:
     return False
 
 
-def conllu_blocks(path: Path) -> list[str]:
-    """The sentence blocks of a CoNLL-U file, as raw text (comments included)."""
-    text = path.read_text(encoding="utf-8")
-    return [b.strip("\n") + "\n" for b in text.split("\n\n") if b.strip()]
-
-
-def write_treebank(folder: Path, prefix: str, splits: dict[str, list[str]]) -> Path:
-    """Write ``<prefix>-ud-<split>.conllu`` files from sentence blocks."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, blocks in splits.items():
-        (folder / f"{prefix}-ud-{split}.conllu").write_text("\n".join(blocks) + "\n", "utf-8")
-    return folder
-
-
-def naija_slice(root: Path, name: str, train: int, held_out: int = 40) -> Path:
-    """``root`` as a data root with ``ud/UD_Naija-<name>``: the first ``train`` real Naija
-    training sentences and ``held_out`` each of dev and test."""
-    blocks = {s: conllu_blocks(NAIJA / f"pcm_nsc-ud-{s}.conllu") for s in ("train", "dev", "test")}
-    sizes = {"train": train, "dev": held_out, "test": held_out}
-    write_treebank(
-        root / "ud" / f"UD_Naija-{name}", f"pcm_{name.lower()}",
-        {split: blocks[split][:n] for split, n in sizes.items()},
-    )  # fmt: skip
-    return root
-
-
 @pytest.fixture(scope="session")
 def slice_root(tmp_path_factory) -> Path:
     """A data root with ``ud/UD_Naija-Slice``: the first 120/40/40 real Naija sentences."""
@@ -111,116 +85,6 @@ def slice_root(tmp_path_factory) -> Path:
 def store(tmp_path) -> str:
     """A fresh sqlite MLflow store in a temporary folder."""
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-
-def slice_overrides(slice_root: Path, store: str, out: Path) -> list[str]:
-    """Overrides for a fast real run on the Naija slice with the tiny model."""
-    return [
-        "data=ud",
-        "data.treebank=UD_Naija-Slice",
-        f"data.root={slice_root}",
-        "model=tiny",
-        "trainer.epochs=2",
-        f"tracking.uri={store}",
-        f"hydra.run.dir={out}/run",
-        f"hydra.sweep.dir={out}/sweep",
-    ]
-
-
-def logged_runs(store: str, experiment: str = "ablate", sweeps: bool = False) -> list:
-    """Every training run of ``experiment`` in the MLflow store ``store`` (with ``sweeps``, the
-    sweeps' parent runs too), read with MlflowClient."""
-    client = MlflowClient(store)
-    found = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([found.experiment_id]) if found else []
-    return [r for r in runs if sweeps or r.data.tags.get("ablate.role") != "sweep"]
-
-
-def sweep_parents(store: str, experiment: str = "ablate") -> list:
-    """The sweeps' parent runs of ``experiment``."""
-    return [r for r in logged_runs(store, experiment, sweeps=True)
-            if r.data.tags.get("ablate.role") == "sweep"]  # fmt: skip
-
-
-def run_info(store: str, run_id: str) -> dict:
-    """A run's ``run.json``: its environment, data files and what each speed plugin applied."""
-    import json
-    import tempfile
-
-    path = MlflowClient(store).download_artifacts(run_id, "run.json", tempfile.mkdtemp())
-    return json.loads(Path(path).read_text())
-
-
-def run_cli(
-    *args: str, cwd: Path = ROOT, timeout: int = 600, prefix: Sequence[str] = (),
-    module: str = "ablate.train", env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess:  # fmt: skip
-    """``python -m ablate.train ARGS`` (or ``module``) in a real subprocess (``prefix``: a
-    command it runs under, e.g. ``taskset -c 0``; ``env``: variables added)."""
-    # one system-metrics sample a second: the tests' runs last seconds, not the default 10
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",
-           **(env or {})}  # fmt: skip
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run(
-        [*prefix, sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def compose_cfg(*overrides: str):
-    """The composed ``train`` config with ``overrides``, as ``python -m ablate.train`` sees it."""
-    return config.compose(*overrides)
-
-
-class FakeRecorder:
-    """Collects what a run records (``ablate.training.recorder.Recorder``), in memory."""
-
-    resumed = None
-
-    def __init__(self):
-        self.tag_log: dict[str, str] = {}
-        self.metric_log: dict[str, float] = {}
-
-    def tags(self, tags):
-        self.tag_log.update({k: str(v) for k, v in tags.items()})
-
-    def metrics(self, values, step=None):
-        self.metric_log.update(values)
-
-    def heartbeat(self):
-        pass
-
-    def info(self, section, values):
-        self.info_log = {**getattr(self, "info_log", {}), section: dict(values)}
-
-    def dataset(self, name, source, sha256, context):
-        pass
-
-
-def fit_here(cfg, prepared=None):
-    """One run of ``cfg`` in this process, as the CLI runs it: prepared (unless ``prepared`` is
-    given), then tracked and fit. Returns (run id, results)."""
-    from ablate.strategies import STRATEGIES
-    from ablate.tracking.run import start_run
-    from ablate.training import checkpoints
-    from ablate.training.fit import fit
-    from ablate.training.prepare import prepare
-
-    prepared = prepared if prepared is not None else prepare(cfg)
-    keys = STRATEGIES[cfg.freeze.strategy].keys
-    with start_run(cfg, prepared.files.sha256, keys, checkpoints.resumable) as run:
-        results = fit(cfg, prepared, run)
-    return run.id, results
-
-
-# The NER and SST-2 files under the shared data root, and overrides that read a slice of them
-CONLL = DATA / "conll2003"
-SST2 = DATA / "sst2"
-UNPIN = [f"data.splits.{s}.sha256=null" for s in ("train", "dev", "test")]
 
 
 @pytest.fixture(scope="module")
@@ -237,13 +101,6 @@ def task_root(tmp_path_factory) -> Path:
         lines = (SST2 / f"{name}.tsv").read_text("utf-8").splitlines(keepends=True)[: n + 1]
         (root / "sst2" / f"{name}.tsv").write_text("".join(lines), "utf-8")
     return root
-
-
-def fit_run(store: str, *overrides: str):
-    """A run (what the CLI runs) in this process; returns (cfg, run, results)."""
-    cfg = compose_cfg(f"tracking.uri={store}", *overrides)
-    run_id, results = fit_here(cfg)
-    return cfg, MlflowClient(store).get_run(run_id), results
 
 
 @pytest.fixture(scope="session")
@@ -271,3 +128,21 @@ def features(slice_root, tokenizer):
         )
         for s in ("train", "dev")
     }
+
+
+@pytest.fixture
+def server(tmp_path):
+    """Serve a folder holding the real Naija split files on a free loopback port."""
+    served = tmp_path / "served"
+    served.mkdir()
+    for split in ("train", "dev", "test"):
+        (served / f"pcm_nsc-ud-{split}.conllu").write_bytes(
+            (NAIJA / f"pcm_nsc-ud-{split}.conllu").read_bytes()
+        )
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", served
+    httpd.shutdown()
+    httpd.server_close()
