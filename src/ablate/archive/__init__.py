@@ -19,13 +19,13 @@ imported.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ablate.errors import AblateError
+from ablate.fileio import sha256_file
 
 FORMAT = "ablate-archive"
 VERSION = 1
@@ -49,10 +49,6 @@ METRICS_HEADER = "key\tstep\ttimestamp\tvalue"
 def dumps(obj: Any) -> str:
     """JSON as an archive writes it: sorted keys, one key a line, a final newline."""
     return json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def number(value: float) -> str:
@@ -133,7 +129,7 @@ def _manifest(folder: Path) -> dict[str, str]:
         file = folder / name
         if not file.is_file():
             raise _damaged(file, f"listed in {MANIFEST} but missing")
-        if sha256(file) != digest:
+        if sha256_file(file) != digest:
             raise _damaged(file, f"its sha256 differs from the one in {MANIFEST}")
     return listed
 

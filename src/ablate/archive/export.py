@@ -21,10 +21,10 @@ from ablate.archive import (
     dumps,
     number,
     report_args,
-    sha256,
 )
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
+from ablate.fileio import sha256_file
 from ablate.report.load import MlflowClient, MlflowException, all_runs
 
 
@@ -137,13 +137,13 @@ def _write_run(client: MlflowClient, run, experiment: str, folder: Path) -> None
             if got.is_file():
                 target = folder / "artifacts" / path
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(got.read_bytes())
+                shutil.copyfile(got, target)  # streamed: an artifact need not fit in memory
 
 
 def write_manifest(folder: Path) -> None:
     """Write ``SHA256SUMS``: the sha256 of every other file of ``folder``, by path."""
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    lines = [f"{sha256(folder / name)}  {name}" for name in files if name != MANIFEST]
+    lines = [f"{sha256_file(folder / name)}  {name}" for name in files if name != MANIFEST]
     (folder / MANIFEST).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

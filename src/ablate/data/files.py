@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from omegaconf import DictConfig
 
 from ablate.config import user_cache
 from ablate.errors import AblateError
+from ablate.fileio import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,7 @@ def sha256_of(path: Path) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_file(path)
 
 
 class DownloadFailed(AblateError):

@@ -1,0 +1,38 @@
+"""File helpers that every layer shares (the data's and the archive's hashes; the journal's, the
+workers' and the team server's small files). Standard library only, so that anything may import
+it without a cycle or a cost."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks (a model or a treebank need not fit
+    in memory twice)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_atomic(
+    path: Path, text: str, mode: int = 0o666, owner: tuple[int, int] | None = None
+) -> None:
+    """Write ``text`` to ``path`` whole: into ``.<name>.tmp`` beside it, then renamed over it, so
+    a reader (or a process that dies meanwhile) sees the old file or the new one, never half.
+
+    ``mode`` is the file's permission from its creation on (umask applies: 0o600 is never
+    readable by others, not even for a moment); ``owner`` (uid, gid) is set on the open file, so
+    a symlink planted at the path is replaced, never followed."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)  # one left by a process that died: O_EXCL would refuse it
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        if owner is not None:
+            os.fchown(f.fileno(), *owner)
+        f.write(text)
+    tmp.replace(path)
