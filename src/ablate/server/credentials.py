@@ -5,11 +5,11 @@ passwords generated to pass the server's own rules."""
 from __future__ import annotations
 
 import configparser
-import os
 import secrets
 from pathlib import Path
 
 from ablate.errors import AblateError
+from ablate.fileio import write_atomic
 from ablate.server.app import password_problem
 from ablate.tracking.auth import ENV_PASSWORD, ENV_USER
 
@@ -29,14 +29,7 @@ def write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -
     ``owner`` (uid, gid) gets the file (set on the open file: a symlink planted at the path is
     replaced, never followed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
-    with os.fdopen(fd, "w") as f:
-        if owner is not None:
-            os.fchown(f.fileno(), *owner)
-        f.write(text)
-    tmp.replace(path)
+    write_atomic(path, text, 0o600, owner)  # never readable by others
 
 
 def write_credentials(path: Path, username: str, password: str) -> None:

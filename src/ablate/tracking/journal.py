@@ -20,6 +20,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from ablate.errors import AblateError
+from ablate.fileio import write_atomic
 from ablate.tracking.auth import environ, health
 
 log = logging.getLogger("ablate")
@@ -222,9 +223,7 @@ class Journal:
         self._count += 1
 
     def _mark_sent(self, n: int) -> None:
-        tmp = self._sent_file.with_suffix(".tmp")
-        tmp.write_text(str(n))
-        tmp.replace(self._sent_file)  # atomic: a replay never sends a record twice
+        write_atomic(self._sent_file, str(n))  # a replay never sends a record twice
         self._sent = n
 
 
