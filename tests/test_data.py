@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.data import DATA, EWT, NAIJA, ROOT, conllu_blocks, write_treebank
+from helpers.data import DATA, EWT, NAIJA, ROOT, conllu_blocks, digest, write_treebank
 from helpers.runs import compose_cfg
 from omegaconf import OmegaConf
-from test_download import digest, server  # noqa: F401  (the real HTTP server fixture)
 
 from ablate import config
 from ablate.data import files
@@ -250,7 +249,7 @@ def test_failed_download_says_where_to_set_the_root(tmp_path):
     assert not (tmp_path / "ud" / "UD_Naija-NSC" / "pcm_nsc-ud-train.conllu").exists()
 
 
-def test_download_into_the_user_cache_creates_the_cache(server, tmp_path, monkeypatch):  # noqa: F811
+def test_download_into_the_user_cache_creates_the_cache(server, tmp_path, monkeypatch):
     url, served = server
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     cache = config.user_cache()

@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import http.server
-import threading
-
 import pytest
-from helpers.data import NAIJA
+from helpers.data import NAIJA, digest
 from helpers.runs import run_cli
 from helpers.store import logged_runs
 from omegaconf import OmegaConf
 
 from ablate.data import files
 from ablate.errors import AblateError
-
-
-@pytest.fixture
-def server(tmp_path):
-    """Serve a folder holding the real Naija split files on a free loopback port."""
-    served = tmp_path / "served"
-    served.mkdir()
-    for split in ("train", "dev", "test"):
-        (served / f"pcm_nsc-ud-{split}.conllu").write_bytes(
-            (NAIJA / f"pcm_nsc-ud-{split}.conllu").read_bytes()
-        )
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", served
-    httpd.shutdown()
-    httpd.server_close()
-
-
-def digest(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_good_download_is_kept(server, tmp_path):

@@ -3,49 +3,17 @@ finishes the same MLflow run; one stopped before its first checkpoint starts ove
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-from helpers.data import ROOT
-from helpers.runs import run_cli
+from helpers.runs import interrupted, run_cli
 from helpers.store import logged_runs
 from mlflow.tracking import MlflowClient
-
-from ablate.training.checkpoints import last_complete
 
 pytestmark = pytest.mark.heavy
 
 # real Naija sentences, the tiny model: epochs of seconds, long enough to be stopped inside one
 RUN = ["data=naija", "data.max_train_sentences=1500", "model=tiny", "trainer.keep_model=false"]
-
-
-def interrupted(args: list[str], after: str, checkpoint: Path | None = None) -> tuple[int, str]:
-    """Run ``python -m ablate.train ARGS`` and press Ctrl-C (SIGINT) once a console line
-    contains ``after`` (and, with ``checkpoint``, once an epoch checkpoint is complete in that
-    folder); returns its exit code and console output."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ablate.train", *args], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        # a terminal's Ctrl-C: SIGINT with its default handling (a background shell ignores it)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if after in line:
-            while checkpoint is not None and not last_complete(str(checkpoint)):
-                time.sleep(0.05)  # the epoch's checkpoint is written after its evaluation
-            proc.send_signal(signal.SIGINT)
-            after = "\0"  # once
-    return proc.wait(timeout=300), "".join(lines)
 
 
 def killed_line(console: str) -> str:

@@ -4,18 +4,18 @@ evaluation did; and the test predictions beside dev's."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import mlflow
 import pytest
 import torch
-from helpers.runs import compose_cfg, fit_here, slice_overrides
+from helpers.models import predicted
+from helpers.runs import compose_cfg, kept_minilm_run, train
+from helpers.store import logged
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file, save_file
 
-from ablate.data.encode import IGNORE
 from ablate.errors import AblateError
 from ablate.tasks.pos import UPOS
 from ablate.training import keep
@@ -23,53 +23,10 @@ from ablate.training import keep
 SENTENCE = "di man don go market"
 
 
-def train(slice_root, store, tmp_path, *overrides):
-    """A real run in this process: its run id and prepared inputs."""
-    from ablate.training.prepare import prepare
-
-    cfg = compose_cfg(*slice_overrides(slice_root, store, tmp_path), *overrides)
-    prepared = prepare(cfg)
-    run_id, _ = fit_here(cfg, prepared)
-    return run_id, prepared
-
-
-def kept_minilm_run(slice_root, store, tmp_path, monkeypatch, *overrides):
-    """A short real run of the packaged MiniLM with ``overrides``, whose kept model's
-    ``runs:/<id>/model`` then resolves (the store is the process's tracking URI): its run id and
-    prepared inputs."""
-    found = train(
-        slice_root, store, tmp_path, "model=minilm", "trainer.epochs=1",
-        "data.max_train_sentences=48", *overrides,
-    )  # fmt: skip
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    return found
-
-
-def logged(store: str, run_id: str, tmp_path: Path, path: str):
-    local = MlflowClient(store).download_artifacts(run_id, path, str(tmp_path))
-    return json.loads(Path(local).read_text())
-
-
 def kept_models(store: str, run_id: str) -> list:
     client = MlflowClient(store)
     experiment = client.get_run(run_id).info.experiment_id
     return [m for m in client.search_logged_models([experiment]) if m.source_run_id == run_id]
-
-
-def predicted(model, prepared, split: str) -> tuple[list[int], list[int]]:
-    """(gold, predicted) label ids of every scored word of ``split``, from ``model`` itself."""
-    features = prepared.encoded.features[split]
-    collate = prepared.task.collator(prepared.tokenizer)
-    gold, pred = [], []
-    with torch.no_grad():
-        for start in range(0, len(features), 32):
-            batch = collate(features[start : start + 32])
-            labels = batch.pop("labels")
-            logits = model(**batch).logits
-            mask = labels != IGNORE
-            gold += labels[mask].tolist()
-            pred += logits.argmax(-1)[mask].tolist()
-    return gold, pred
 
 
 def assert_tags(tagger) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers.data import ROOT
 from helpers.runs import slice_overrides
+from helpers.scale import free_port
 from helpers.store import logged_runs, run_info
 from mlflow.tracking import MlflowClient
-from test_scale import free_port
 
 from ablate.server import control
 from ablate.tracking.journal import FOLDER, answers

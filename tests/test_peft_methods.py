@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers.data import ROOT, UNPIN
-from helpers.runs import compose_cfg, fit_here, slice_overrides
+from helpers.models import predicted
+from helpers.runs import compose_cfg, fit_here, kept_minilm_run, slice_overrides, train
+from helpers.store import logged
 from mlflow.tracking import MlflowClient
 from peft.tuners.lokr.layer import factorization
-from test_keep_model import kept_minilm_run, logged, predicted, train
 from transformers import DistilBertConfig
 
 from ablate import strategies, tasks

@@ -24,10 +24,10 @@ import psycopg2
 import pytest
 import requests
 from helpers.runs import run_cli
+from helpers.scale import free_port, three_sweeps_at_once
 from helpers.store import logged_runs
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from test_scale import free_port, three_sweeps_at_once
 
 from ablate.errors import AblateError
 from ablate.server import control, members

@@ -25,7 +25,7 @@ import psutil
 import psycopg2
 import pytest
 import requests
-from test_scale import free_port
+from helpers.scale import free_port
 
 from ablate.errors import AblateError
 from ablate.server import control, members, postgres

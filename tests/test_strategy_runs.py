@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.data import ROOT
+from helpers.models import NEW, build, expected_counts
 from helpers.runs import compose_cfg, fit_here, run_cli, slice_overrides
 from helpers.store import logged_runs
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
-from test_strategies import NEW, build, expected_counts
 from transformers import DataCollatorForTokenClassification, TrainerCallback
 
 from ablate import report, search, strategies

@@ -11,10 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers.data import naija_slice
-from helpers.runs import run_cli
+from helpers.runs import interrupted, run_cli
 from helpers.store import logged_runs, sweep_parents
 from mlflow.tracking import MlflowClient
-from test_interrupt import interrupted
 
 from ablate.report import cli
 from ablate.tracking.parent import GRID, MOVED
