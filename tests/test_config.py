@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from ablate import config
 
-GROUPS = ("data", "model", "freeze", "trainer", "tracking", "experiment", "hparams_search")
+GROUPS = ("data", "model", "freeze", "trainer", "tracking", "experiment", "lr_study")
 
 
 def options(group: str) -> list[str]:
@@ -30,7 +30,7 @@ CASES = [(g, o) for g in GROUPS for o in options(g)]
 @pytest.mark.parametrize(("group", "option"), CASES, ids=[f"{g}={o}" for g, o in CASES])
 def test_every_group_option_composes_and_resolves(group, option):
     extra = ["data.treebank=UD_Naija-NSC"] if (group, option) == ("data", "ud") else []
-    cfg = make([f"{group}={option}", *extra], hydra=group in ("experiment", "hparams_search"))
+    cfg = make([f"{group}={option}", *extra], hydra=group in ("experiment", "lr_study"))
     job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     resolved = OmegaConf.to_container(job, resolve=True, throw_on_missing=True)
     assert set(resolved) >= {"data", "model", "freeze", "trainer", "tracking", "seed"}

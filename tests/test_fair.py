@@ -9,8 +9,9 @@ from helpers.store import logged_runs
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from ablate import docs, report, search
+from ablate import docs, report
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG
+from ablate.lrstudy import cli as study_cli
 from ablate.tracking.params import OPTION_KEYS_TAG, option_keys
 
 
@@ -38,15 +39,15 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     assert option_keys("lora") == {"trainer.lr"}  # its method's default lr
     assert option_keys("gone") == set()
 
-    options, overrides = search.for_studies(["experiment=fair"])
+    options, overrides = study_cli.for_studies(["experiment=fair"])
     assert options == ["features", "head_only", "bitfit", "lora"]
     assert overrides == ["experiment=fair", "lr_study.freeze=[]", "tracking.experiment=fair-lr"]
-    trial = search.compose_trial("lora", overrides)
+    trial = study_cli.compose_trial("lora", overrides)
     assert list(trial.lr_study.range) == [1e-5, 1e-2] and trial.lr_study.trials == 6
-    assert list(search.compose_trial("lora", []).lr_study.range) == [1e-5, 1e-3]  # the default
+    assert list(study_cli.compose_trial("lora", []).lr_study.range) == [1e-5, 1e-3]  # the default
     assert trial.tracking.tags.study == "lr-naija-minilm-lora" and not trial.trainer.keep_model
-    assert search.for_studies(["freeze=bitfit"]) == (["bitfit"], ["lr_study.freeze=[]"])
-    assert search.for_studies(["experiment=fair", "lr_study.freeze=[lora]"])[0] == ["lora"]
+    assert study_cli.for_studies(["freeze=bitfit"]) == (["bitfit"], ["lr_study.freeze=[]"])
+    assert study_cli.for_studies(["experiment=fair", "lr_study.freeze=[lora]"])[0] == ["lora"]
 
 
 @pytest.mark.heavy
@@ -60,7 +61,7 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     assert proc.returncode == 2, proc.stderr[-2000:]
     given = " ".join(o for o in overrides if not o.startswith("hydra."))  # Hydra's own aside
     said = proc.stdout + proc.stderr
-    assert f"first: python -m ablate.search experiment=fair {given} freeze=features" in said
+    assert f"first: python -m ablate.lrstudy experiment=fair {given} freeze=features" in said
     assert not logged_runs(store, "paper")
 
     # The study: trials in fair-lr at the lrs the sampler proposes, within lr_study.range.
@@ -68,7 +69,7 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
         *overrides, "experiment=fair", "freeze=features", "lr_study.trials=1",
         "lr_study.range=[2e-3,1e-2]", "lr_study.widen=0",
     ]  # fmt: skip
-    assert search.main(search_args) == 0
+    assert study_cli.main(search_args) == 0
     capsys.readouterr()
     trials = logged_runs(store, "fair-lr")
     assert len(trials) == 1 and {r.info.status for r in trials} == {"FINISHED"}
@@ -121,7 +122,7 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     table = docs.results_table(str(pub), rerun=True).splitlines()
     (features_row,) = [line for line in table if line.startswith("| `features` |")]
     assert features_row.endswith(
-        "| `python -m ablate.search experiment=fair freeze=features`, then "
+        "| `python -m ablate.lrstudy experiment=fair freeze=features`, then "
         "`python -m ablate.train --multirun experiment=fair freeze=features` |"
     )
     assert "(tuned)" in features_row

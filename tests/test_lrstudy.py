@@ -19,9 +19,9 @@ from helpers.runs import slice_overrides
 from helpers.store import logged_runs
 from omegaconf import open_dict
 
-from ablate import search
 from ablate.errors import AblateError
 from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_TAG
+from ablate.lrstudy import cli as study_cli
 from ablate.lrstudy import study as lrstudy
 from ablate.lrstudy.runs import best, tuned_lr
 
@@ -33,20 +33,20 @@ def test_the_environment_has_optuna_4_or_later_and_no_hydra_sweeper():
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:
-    """``python -m ablate.search ARGS`` started, its output into ``log`` (a pipe nobody reads
+    """``python -m ablate.lrstudy ARGS`` started, its output into ``log`` (a pipe nobody reads
     while the test waits would block it)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     with log.open("w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "ablate.search", *args], cwd=ROOT, env=env, stdout=out,
+            [sys.executable, "-m", "ablate.lrstudy", *args], cwd=ROOT, env=env, stdout=out,
             stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
 
 
 def _study(args: list[str]) -> optuna.Study:
-    options, overrides = search.for_studies(args)
-    return lrstudy.open_study(search.compose_trial(options[0], overrides))
+    options, overrides = study_cli.for_studies(args)
+    return lrstudy.open_study(study_cli.compose_trial(options[0], overrides))
 
 
 @pytest.mark.heavy
@@ -110,7 +110,7 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(slice_root, store, tmp
     study = _study(args)
     for lr in (3e-3, 1e-3, 1e-7):  # the last cannot keep up after an epoch
         study.enqueue_trial({"lr": lr})
-    assert search.main(args) == 0
+    assert study_cli.main(args) == 0
     said = capsys.readouterr()
     states = {t.params["lr"]: t.state for t in _study(args).trials}
     assert states[1e-7] == optuna.trial.TrialState.PRUNED
@@ -123,8 +123,8 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(slice_root, store, tmp
     assert ": 3 trials, 1 pruned, 1 of 6 epochs saved" in said.err
     row = next(line for line in said.out.splitlines() if "| bitfit |" in line)
     assert "| 2 | 1 | 1 |" in row and pruned.info.run_id not in row
-    cfg = search.compose_trial("bitfit", search.for_studies(args)[1])
-    found = best(search.study_of(cfg))
+    cfg = study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1])
+    found = best(study_cli.study_of(cfg))
     assert (found.trials, found.pruned, found.epochs_saved) == (2, 1, 1)
     with open_dict(cfg):
         cfg.lr_study.freeze = ["bitfit"]
@@ -142,7 +142,7 @@ def _finished(study: optuna.Study, lrs: list[float]) -> None:
 
 def test_a_best_lr_at_the_edge_widens_the_range_at_most_twice(slice_root, store, tmp_path):
     args = [*slice_overrides(slice_root, store, tmp_path), "freeze=lora", "lr_study.trials=4"]
-    cfg = search.compose_trial("lora", search.for_studies(args)[1])
+    cfg = study_cli.compose_trial("lora", study_cli.for_studies(args)[1])
     study = lrstudy.open_study(cfg)
     assert study.user_attrs == {"range": [1e-5, 1e-3], "widened": 0}
     _finished(study, [1e-4, 3e-5, 2e-4, 9e-4])  # the best, last: in the top tenth
@@ -159,15 +159,15 @@ def test_a_best_lr_at_the_edge_widens_the_range_at_most_twice(slice_root, store,
     assert note.startswith("warning: freeze=lora: the best lr 0.09 lies in the top tenth")
     assert "after 2 widening(s): it is not interior" in note
     # Each study draws its own lrs: another option's study, same seed, other first draws.
-    other = lrstudy.open_study(search.compose_trial("bitfit", search.for_studies(args)[1]))
+    other = lrstudy.open_study(study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1]))
     assert other.study_name != study.study_name
     assert other.ask().suggest_float("lr", 1e-5, 1e-3, log=True) != lrstudy.open_study(
-        search.compose_trial("features", search.for_studies(args)[1])
+        study_cli.compose_trial("features", study_cli.for_studies(args)[1])
     ).ask().suggest_float("lr", 1e-5, 1e-3, log=True)
 
 
 def test_bad_lr_study_keys_are_one_error_each(tmp_path, capsys):
-    cfg = search.compose_trial("lora", [f"tracking.uri=sqlite:///{tmp_path}/m.db"])
+    cfg = study_cli.compose_trial("lora", [f"tracking.uri=sqlite:///{tmp_path}/m.db"])
     assert lrstudy.storage_url(cfg) == f"sqlite:///{tmp_path}/lr_study.db"
     for key, value, said in [
         ("trials", 0, "lr_study.trials=0: must be at least 1"),
@@ -183,13 +183,13 @@ def test_bad_lr_study_keys_are_one_error_each(tmp_path, capsys):
                 bad.lr_study[key] = value
         with pytest.raises(AblateError, match=said.replace("[", r"\[")):
             lrstudy.check(bad)
-    assert search.main(["freeze=lora", "hydra.sweeper.n_trials=3"]) == 2
+    assert study_cli.main(["freeze=lora", "hydra.sweeper.n_trials=3"]) == 2
     assert "size use lr_study.trials=N" in capsys.readouterr().err
 
 
 def test_a_trial_asked_when_the_study_had_its_trials_is_dropped_unrun(slice_root, store, tmp_path):
     args = [*slice_overrides(slice_root, store, tmp_path), "freeze=lora", "lr_study.trials=2"]
-    cfg = search.compose_trial("lora", search.for_studies(args)[1])
+    cfg = study_cli.compose_trial("lora", study_cli.for_studies(args)[1])
     study = lrstudy.open_study(cfg)
     _finished(study, [1e-4])
     running = study.ask()  # another worker's trial, still running

@@ -41,12 +41,12 @@ def test_a_peft_run_at_an_lr_no_study_chose_says_so_in_one_line():
     ia3 = peft_methods.untuned_lr(config.compose("freeze=ia3"), "ia3")
     assert ia3 == (
         "lr 0.003 is freeze=ia3's default (Liu et al. 2022 ((IA)^3, T-Few): 3e-3 for every "
-        "task), not tuned: python -m ablate.search freeze=ia3 picks one"
+        "task), not tuned: python -m ablate.lrstudy freeze=ia3 picks one"
     )
     given = peft_methods.untuned_lr(config.compose("freeze=lora", "trainer.lr=1e-4"), "lora")
     assert given == (
         "lr 0.0001 is this run's (freeze=lora's default: 0.0005), not tuned: "
-        "python -m ablate.search freeze=lora picks one"
+        "python -m ablate.lrstudy freeze=lora picks one"
     )
     assert peft_methods.untuned_lr(config.compose("freeze=none"), "none") is None
     for tag in (config.TUNED_TAG, config.STUDY_TAG):  # its study's best, or a study's trial

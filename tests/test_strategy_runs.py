@@ -1,6 +1,6 @@
 """Strategies in real training, in this process and through the CLI: LLRD's learning rates,
 gradual unfreezing's schedule (and its resumption), the frozen encoder under a BiLSTM, a kept LoRA
-adapter, a short run per option and the fair-lr search."""
+adapter, a short run per option and the lr study."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 from transformers import DataCollatorForTokenClassification, TrainerCallback
 
-from ablate import report, search, strategies
+from ablate import report, strategies
 from ablate.data.encode import IGNORE, encode_words
+from ablate.lrstudy import cli as study_cli
 from ablate.models import anatomy
 from ablate.models.build import load_tokenizer
 from ablate.tasks.pos import UPOS, read_conllu
@@ -245,13 +246,13 @@ def test_a_short_real_run_per_option(slice_root, store, tmp_path):
     assert "adapter/adapter_model.safetensors" in lora_files
 
 
-def test_lr_search_a_study_per_option_for_two_options(slice_root, store, tmp_path, capsys):
+def test_lr_study_a_study_per_option_for_two_options(slice_root, store, tmp_path, capsys):
     overrides = [
         *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
         "data.max_train_sentences=48", "lr_study.trials=1", "lr_study.widen=0",
     ]  # fmt: skip
-    # ablate.search runs one Optuna study per option, each trial a `python -m ablate.train` run.
-    assert search.main([*overrides, "freeze=bitfit,lora"]) == 0
+    # The lr study runs one Optuna study per option, each trial a `python -m ablate.train` run.
+    assert study_cli.main([*overrides, "freeze=bitfit,lora"]) == 0
     table = capsys.readouterr().out
     client = MlflowClient(store)
     runs = logged_runs(store)
@@ -269,13 +270,13 @@ def test_lr_search_a_study_per_option_for_two_options(slice_root, store, tmp_pat
         assert f"| 1 | 0 | 0 | {float(top.data.params['trainer.lr']):.3g} |" in row
         assert top.info.run_id in row
     # The same table again, from the store alone.
-    assert search.main(["--report-only", *overrides]) == 0
+    assert study_cli.main(["--report-only", *overrides]) == 0
     assert capsys.readouterr().out.strip() == table.strip()
 
-    # A later search of bitfit with other settings is its own comparison: the older trials (more
+    # A later study of bitfit with other settings is its own comparison: the older trials (more
     # sentences) are left out, not pooled with it.
     later = [*overrides, "data.max_train_sentences=24", "lr_study.trials=1"]
-    assert search.main([*later, "freeze=bitfit"]) == 0
+    assert study_cli.main([*later, "freeze=bitfit"]) == 0
     row = capsys.readouterr().out.splitlines()[-1]
     (new,) = [
         r for r in logged_runs(store)
@@ -292,7 +293,7 @@ def test_lr_search_a_study_per_option_for_two_options(slice_root, store, tmp_pat
         client.log_param(ner, key, value)
     client.log_metric(ner, "best_dev_f1", 0.5)
     client.set_terminated(ner, "FINISHED")
-    assert search.main(["--report-only", *overrides]) == 0
+    assert study_cli.main(["--report-only", *overrides]) == 0
     rows = capsys.readouterr().out.splitlines()
     (ner_row,) = [r for r in rows if "lr-conll2003-tiny-none" in r]
     assert f"| 1 | 0 | 0 | 0.0003 | best_dev_f1 | 0.5000 | {ner} |" in ner_row

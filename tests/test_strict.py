@@ -14,8 +14,9 @@ from helpers.data import ROOT
 from helpers.runs import run_cli, slice_overrides
 from helpers.store import logged_runs
 
-from ablate import config, helptext, overrides, search, switches
+from ablate import config, helptext, overrides, switches
 from ablate.errors import AblateError
+from ablate.lrstudy import cli as study_cli
 
 
 def refused(proc: subprocess.CompletedProcess) -> str:
@@ -88,7 +89,7 @@ def test_check_names_the_bad_override_and_the_closest_names(given, found):
         ["trainer.lr=3e-5", "seed=1,2,3", "seed=range(1,4)", "freeze=lora,bitfit,alt"],
         ["+tracking.tags.owner=me", "+model.config_overrides.hidden_size=64"],
         ["data.splits.train.file=x.conllu", "freeze.layers=[0,2]", "lr_study.freeze=[lora]"],
-        ["hydra/launcher=joblib", "experiment=fair", "hparams_search=lr"],
+        ["hydra/launcher=joblib", "experiment=fair", "lr_study=trial"],
         ["model=tiny", "data=ud", "data.treebank=UD_Naija-NSC", "+tracking.tags={a: b}"],
         ["trainer.lr=tag(log,interval(1e-5,1e-3))", "~hydra.sweeper.params.seed"],
         ["freeze=glob(*)", "hydra.sweep.dir=/tmp/x", "++trainer.lr=1e-4"],
@@ -147,9 +148,9 @@ def test_a_declared_plus_key_still_trains_and_is_recorded(slice_root, tmp_path):
 
 
 def test_search_refuses_an_unknown_option_before_any_study(store, capsys):
-    assert search.main(["freeze=lora,alternatin", f"tracking.uri={store}"]) == 2
+    assert study_cli.main(["freeze=lora,alternatin", f"tracking.uri={store}"]) == 2
     assert "did you mean 'alternating'?" in capsys.readouterr().err
-    assert search.main(["--report-only", "+trainer.lrr=1e-4", f"tracking.uri={store}"]) == 2
+    assert study_cli.main(["--report-only", "+trainer.lrr=1e-4", f"tracking.uri={store}"]) == 2
     assert "did you mean 'trainer.lr'?" in capsys.readouterr().err
     assert not Path(store.removeprefix("sqlite:///")).exists()
 

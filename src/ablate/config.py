@@ -33,7 +33,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # and the recipe's lr it replaced (what the report compares with other strategies' lr).
 TUNED_TAG = "lr_study.trial"
 RECIPE_LR_TAG = "lr_study.recipe_lr"
-# Tag of an lr study's trial (``hparams_search=lr``): its study's name.
+# Tag of an lr study's trial (``lr_study=trial``): its study's name.
 STUDY_TAG = "study"
 
 
@@ -263,8 +263,8 @@ _study_key = functools.partial(key, identity=False)
 
 @dataclass
 class LrStudyConfig:
-    """Learning-rate studies (``python -m ablate.search``, one Optuna study per freeze option, its
-    trials' settings in ``hparams_search=lr``), and the strategies trained at the lr their study
+    """Learning-rate studies (``python -m ablate.lrstudy``, one Optuna study per freeze option, its
+    trials' settings in ``lr_study=trial``), and the strategies trained at the lr their study
     picked on dev; nothing here is hashed: the lr it picks is (``trainer.lr``)."""
 
     freeze: list[str] = _study_key(

@@ -184,7 +184,7 @@ def _rerun(row: dict) -> str:
     s = row["strategy"]
     if row["lr_from"] == LR_FROM_STUDY:
         return (
-            f"`python -m ablate.search experiment=fair freeze={s}`, then "
+            f"`python -m ablate.lrstudy experiment=fair freeze={s}`, then "
             f"`python -m ablate.train --multirun experiment=fair freeze={s}`"
         )
     return f"`python -m ablate.train --multirun experiment=paper data={row['data']} freeze={s}`"

@@ -127,9 +127,9 @@ def take_tuned_lr(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    from ablate.lrstudy.runs import search_command, tuned_lr
+    from ablate.lrstudy.runs import study_command, tuned_lr
 
-    best = tuned_lr(cfg, search_command(cfg))
+    best = tuned_lr(cfg, study_command(cfg))
     log.info(
         "freeze=%s trains at lr %.3g: the best of %d trials of study %s (dev %.4f, run %s)",
         cfg.freeze.name, best.lr, best.trials, best.study.name, best.value, best.run_id,

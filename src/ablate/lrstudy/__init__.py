@@ -1,6 +1,6 @@
 """Learning-rate studies on Optuna, driven by ablate: ``study`` runs one freeze option's study
 (persistent, resumable, shared by several workers, pruned, widening its range); ``pruning`` is
-the per-epoch hook a trial's training reports through. ``python -m ablate.search`` runs them;
+the per-epoch hook a trial's training reports through. ``python -m ablate.lrstudy`` runs them;
 ``ablate.lrstudy.runs`` reads their trials back from MLflow."""
 
 TRIAL_ENV = "ABLATE_LR_TRIAL"  # a trial's process: JSON of storage, study, trial_id, driver pid

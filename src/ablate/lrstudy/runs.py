@@ -1,7 +1,8 @@
 """Learning-rate studies (``ablate.lrstudy``): one freeze option's Optuna trials, tagged
 ``study=<name>``, read from the store: a study's best trial (a pruned trial, KILLED and tagged
 ``ablate.pruned``, is none), the lr a run of that option trains at (``lr_study.freeze``), and the
-command that runs the study. Used by ``ablate.train``, ``ablate.search`` and the report."""
+command that runs the study. Used by ``ablate.train``, the study's command (``ablate.lrstudy.cli``)
+and the report."""
 
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ def tuned_lr(cfg: DictConfig, command: str) -> Best:
     """The best finished trial of the lr study of ``cfg``'s strategy (``lr_study.experiment``):
     the trial with the highest ``best_dev_<primary metric>`` among those run with ``cfg``'s
     settings, lr and seed aside. When there is none, an ``AblateError`` that names ``command``
-    (the search to run first)."""
+    (the study to run first)."""
     experiment = cfg.lr_study.experiment or cfg.tracking.experiment
     metric = f"best_dev_{tasks.get(cfg.data.task).primary_metric}"
     study = Study(cfg.freeze.name, "", cfg.tracking.uri, experiment, metric)
@@ -155,9 +156,9 @@ def tuned_lr(cfg: DictConfig, command: str) -> Best:
     return _top(Study(cfg.freeze.name, name, cfg.tracking.uri, experiment, metric), same)
 
 
-def search_command(cfg: DictConfig) -> str:
-    """The ``python -m ablate.search`` command that runs the study of this job's strategy: its
+def study_command(cfg: DictConfig) -> str:
+    """The ``python -m ablate.lrstudy`` command that runs the study of this job's strategy: its
     overrides, the seed aside (the study's trials run at the default seed)."""
     given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     keep = [o for o in given if not o.startswith(("seed=", "freeze="))]
-    return " ".join(["python -m ablate.search", *keep, f"freeze={cfg.freeze.name}"])
+    return " ".join(["python -m ablate.lrstudy", *keep, f"freeze={cfg.freeze.name}"])

@@ -1,10 +1,10 @@
-"""One freeze option's lr study on Optuna (``python -m ablate.search``): persistent, resumable,
+"""One freeze option's lr study on Optuna (``python -m ablate.lrstudy``): persistent, resumable,
 shared by several workers, pruned, and widening its range when the best lr lies at its edge.
 
 The study lives in Optuna's RDB storage (``lr_study.storage``; by default ``lr_study.db`` beside
 a sqlite tracking store), named by the MLflow study tag and a digest of the trials' settings (lr
 aside) and range, so the same command finds it again and other settings start their own. A trial
-is one ``python -m ablate.train hparams_search=lr ... trainer.lr=<lr>`` child process: a normal
+is one ``python -m ablate.train lr_study=trial ... trainer.lr=<lr>`` child process: a normal
 ablate run (MLflow run tagged ``study=<name>``, job folder, checkpoints, stop signals) whose
 epochs report to the trial (``ablate.lrstudy.pruning``). A child process rather than a call in
 this one: a stop signal or a crash of one trial ends that run's MLflow record the way every run's
@@ -52,7 +52,7 @@ from ablate.tracking.store import prepare
 
 log = logging.getLogger("ablate")
 
-PRESET = "hparams_search=lr"
+PRESET = "lr_study=trial"  # the trials' settings: conf/lr_study/trial.yaml
 HEARTBEAT_S, GRACE_S = 30, 120  # a study process on another host is dead after GRACE_S silent
 POLL_S = 5.0  # how often a worker waiting on others' trials looks again
 COUNTED = (

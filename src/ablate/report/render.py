@@ -159,7 +159,7 @@ def markdown(report: Report, charts: bool = True) -> str:
         "that bootstrap covers the choice of dev sentences, not seed-to-seed variation (the ± std "
         "shows that): run 3 or more seeds for an interval over seeds. The lr is the recipe's "
         "(`trainer.lr`) unless marked as picked on dev by the strategy's own lr study "
-        "(`lr_study`, `python -m ablate.search`).",
+        "(`lr_study`, `python -m ablate.lrstudy`).",
         "",
     ]
     if report.notes:

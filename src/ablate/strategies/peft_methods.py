@@ -136,7 +136,7 @@ def untuned_lr(cfg: DictConfig, option: str) -> str | None:
         return None
     from ablate.overrides import Repository
 
-    lr, search = cfg.trainer.lr, f"python -m ablate.search freeze={option} picks one"
+    lr, search = cfg.trainer.lr, f"python -m ablate.lrstudy freeze={option} picks one"
     found = LR_SOURCE.search(Repository.for_command_line([]).text("freeze", option))
     try:
         default = config.composed(f"freeze={option}").trainer.lr

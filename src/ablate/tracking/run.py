@@ -331,7 +331,7 @@ def start_run(
             run.tags({**_git(), "device": env["device"], **_sweep_tags()})
             own = ",".join(sorted(option_keys(cfg.freeze.name))) if "name" in cfg.freeze else ""
             run.tags({"ablate.identity": ident, OPTION_KEYS_TAG: own, **this_process})
-            run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr search's study)
+            run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr study trial's study=<name>)
             output = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
             run.info("environment", {**env, "output_dir": output})
             yield run

@@ -83,7 +83,7 @@ def _ignores(pid: int, signum: int) -> bool:
 
 def pass_on(on_stop: Callable[[int], None] | None = None, grace_s: float = 60) -> None:
     """In a sweep's own process: on a stop signal, send it on to the processes this one started
-    (a joblib sweep's workers, the sweep ``ablate.search`` runs), wait up to ``grace_s`` for them
+    (a joblib sweep's workers, an lr study's trial), wait up to ``grace_s`` for them
     to close their runs KILLED and exit, call ``on_stop(signum)``, then exit as the signal asks.
     Without it the process dies at once, and its workers train on, writing to the store."""
     if threading.current_thread() is not threading.main_thread():

@@ -1,6 +1,6 @@
-"""The learning-rate search's table: per study, its trials, those pruned and the epochs that
-saved, and the best trial's lr and objective (``ablate.lrstudy.runs`` reads them from the
-store)."""
+"""The lr study's table (``python -m ablate.lrstudy``): per study, its trials, those pruned and
+the epochs that saved, and the best trial's lr and objective (``ablate.lrstudy.runs`` reads them
+from the store)."""
 
 from __future__ import annotations
 

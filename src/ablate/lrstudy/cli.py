@@ -1,8 +1,9 @@
-"""A fair learning rate per freeze option: one Optuna study each, and the best lr of each.
+"""The lr study's command: a fair learning rate per freeze option, one Optuna study each, and
+the best lr of each.
 
-``python -m ablate.search freeze=lora,bitfit [OVERRIDE ...]`` runs, once per option, its lr study
+``python -m ablate.lrstudy freeze=lora,bitfit [OVERRIDE ...]`` runs, once per option, its lr study
 (``ablate.lrstudy.study``: ``lr_study.trials`` trials over ``lr_study.range``, each a
-``python -m ablate.train hparams_search=lr freeze=<option> trainer.lr=<lr> [OVERRIDE ...]`` run
+``python -m ablate.train lr_study=trial freeze=<option> trainer.lr=<lr> [OVERRIDE ...]`` run
 tagged ``study=<name>``; persistent, so the same command continues a killed study and several
 workers can share one), then prints per study its trials, those pruned and the epochs saved,
 and the best lr per option as a markdown table. ``--report-only`` prints the table from the runs
@@ -12,7 +13,6 @@ already in the store (with no ``freeze=`` override: every study in the experimen
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,13 +25,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ablate import config, tasks
 from ablate.errors import AblateError
-from ablate.lrstudy import study as lrstudy
+from ablate.lrstudy import study
 from ablate.lrstudy.runs import Study, all_studies, best
 from ablate.overrides import check as check_overrides
-from ablate.report.lrsearch import table
+from ablate.report.lrstudy import table
 from ablate.tracking.signals import pass_on
-
-PRESET = lrstudy.PRESET
 
 
 def split_freeze(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -51,7 +49,7 @@ def compose_trial(freeze: str | None, overrides: Sequence[str], hydra: bool = Fa
     """The configuration a trial of ``freeze``'s study runs with (lr aside); ``hydra``: with the
     ``hydra`` node (where its job folders go)."""
     extra = [f"freeze={freeze}"] if freeze else []
-    return config.compose(PRESET, *extra, *overrides, hydra=hydra)
+    return config.compose(study.PRESET, *extra, *overrides, hydra=hydra)
 
 
 def for_studies(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -99,13 +97,13 @@ def run_studies(options: list[str], overrides: list[str]) -> list[str]:
         folder = Path(cfg.hydra.sweep.dir) / option
         trial_overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
         try:
-            done = lrstudy.run(compose_trial(option, overrides), trial_overrides, folder)
+            done = study.run(compose_trial(option, overrides), trial_overrides, folder)
         except AblateError as exc:
             print(f"error: freeze={option}: {exc}", file=sys.stderr)
             failed.append(option)
             continue
         print(done.line(), file=sys.stderr)
-        if note := lrstudy.edge_note(done, option):
+        if note := study.edge_note(done, option):
             print(note, file=sys.stderr)
     return failed
 
@@ -113,7 +111,7 @@ def run_studies(options: list[str], overrides: list[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m ablate.search",
+        prog="python -m ablate.lrstudy",
         description="Tune the learning rate per freeze option (one Optuna study each) on dev, "
         "then print the best lr per option.",
     )
@@ -133,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options, overrides = for_studies(args.overrides)
         trials = {o: compose_trial(o, overrides) for o in options or [None]}
         for cfg in trials.values() if not args.report_only else ():
-            lrstudy.check(cfg)  # every study's keys, before the first one runs
+            study.check(cfg)  # every study's keys, before the first one runs
         if args.report_only and not options:
             studies = all_studies(study_of(trials[None]))
         else:
@@ -151,10 +149,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: the study of {', '.join(failed)} failed (see its log)", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    # the study's own lines (each trial's lr, a widening), as a job's: trials log through Hydra
-    logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    logging.getLogger("ablate").setLevel(logging.INFO)
-    sys.exit(main())
