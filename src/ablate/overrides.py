@@ -51,9 +51,11 @@ class Repository:
 
     @classmethod
     def for_command_line(
-        cls, overrides: Sequence[str], config_dir: str | None = None,
+        cls,
+        overrides: Sequence[str],
+        config_dir: str | None = None,
         config_name: str = CONFIG_NAME,
-    ) -> Repository:  # fmt: skip
+    ) -> Repository:
         """The repository ``python -m ablate.train`` composes from, as Hydra builds it."""
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra._internal.utils import create_config_search_path
@@ -164,10 +166,11 @@ def as_job_sees(given: Sequence[str]) -> list[str]:
     except HydraException:
         return list(given)
     return [
-        o.input_line if o.is_sweep_override() or o.is_delete()
+        o.input_line
+        if o.is_sweep_override() or o.is_delete()
         else f"{o.get_key_element()}={o.get_value_element_as_str()}"
         for o in parsed
-    ]  # fmt: skip
+    ]
 
 
 def _option_problem(o: Override, repo: Repository) -> str | None:

@@ -165,8 +165,9 @@ def locate(cfg: DictConfig) -> SplitFiles:
                     if not (folder / cfg.splits[s].file).is_file()
                 ]
                 if not spec.url:
-                    raise AblateError(_missing(cfg, folder, missing, f"data.splits.{split}.url "
-                                               "is not set"))  # fmt: skip
+                    raise AblateError(
+                        _missing(cfg, folder, missing, f"data.splits.{split}.url is not set")
+                    )
                 log.info("downloading %s -> %s", spec.url, path)
                 try:
                     fetch(spec.url, spec.sha256, path)

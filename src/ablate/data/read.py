@@ -64,8 +64,9 @@ def read_checked(
     # (a local function cannot be pickled for the hash) is part of the key: its name and code are.
     cached = memory.cache(_read, ignore=["path", "read"])
     reader = f"{read.__module__}.{read.__qualname__}"
-    return cached(path, read, inventory, lowercase, sha256=sha256, reader=reader,
-                  code=_reader_version(read))  # fmt: skip
+    return cached(
+        path, read, inventory, lowercase, sha256=sha256, reader=reader, code=_reader_version(read)
+    )
 
 
 def read_splits(

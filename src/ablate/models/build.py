@@ -58,12 +58,20 @@ def _fresh_head(model: nn.Module, info: dict, path: str) -> None:
     missing = list(info.get("missing_keys") or [])
     encoder = [k for k in missing if base and k.startswith(f"{base}.") and ".pooler." not in k]
     if encoder:
-        log.warning("%s: %d encoder weights were not in the checkpoint (randomly initialised): %s",
-                    path, len(encoder), ", ".join(encoder[:4]))  # fmt: skip
+        log.warning(
+            "%s: %d encoder weights were not in the checkpoint (randomly initialised): %s",
+            path,
+            len(encoder),
+            ", ".join(encoder[:4]),
+        )
     heads = sorted({k.split(".")[0] for k in missing if k not in encoder})
     unused = len(info.get("unexpected_keys") or [])
-    log.info("loaded %s; fresh task head: %s%s", path, ", ".join(heads) or "none",
-             f"; {unused} checkpoint weights unused" if unused else "")  # fmt: skip
+    log.info(
+        "loaded %s; fresh task head: %s%s",
+        path,
+        ", ".join(heads) or "none",
+        f"; {unused} checkpoint weights unused" if unused else "",
+    )
 
 
 def _head_dropout(config) -> float:
@@ -107,9 +115,12 @@ def build(cfg: DictConfig, model_class, label_names: Sequence[str]) -> nn.Module
     else:
         with _no_load_report():
             model, info = _load(
-                "weights", cfg, model_class.from_pretrained, config=config,
+                "weights",
+                cfg,
+                model_class.from_pretrained,
+                config=config,
                 output_loading_info=True,
-            )  # fmt: skip
+            )
         _fresh_head(model, info, cfg.name_or_path)
     if cfg.head == "linear":
         return model

@@ -40,20 +40,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Comparison report (summary.md, summary.csv, runs.csv, charts) from tracked "
         "MLflow runs.",
     )
-    parser.add_argument("--uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
-                        "sqlite:///<project>/mlflow.db)")  # fmt: skip
+    parser.add_argument(
+        "--uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<project>/mlflow.db)",
+    )
     parser.add_argument("--experiment", default="ablate", help="MLflow experiment name")
     parser.add_argument("--data", nargs="+", help="only these datasets (the `data` param)")
     parser.add_argument("--model", nargs="+", help="only these models (the `model` param)")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
-        "--sweep", help="the runs of this sweep: its multirun folder, or 'latest' (the default: "
+        "--sweep",
+        help="the runs of this sweep: its multirun folder, or 'latest' (the default: "
         "the newest sweep that has runs)",
-    )  # fmt: skip
+    )
     scope.add_argument(
-        "--all", action="store_true",
+        "--all",
+        action="store_true",
         help="every run of the experiment, a table per group of equal settings",
-    )  # fmt: skip
+    )
     parser.add_argument("--status", nargs="+", help="only runs with these statuses")
     parser.add_argument("--metric", help="primary metric (default: from each run's data.task)")
     parser.add_argument("--baseline", default=BASELINE, help="strategy to compare against")

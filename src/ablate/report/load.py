@@ -322,11 +322,33 @@ def load_scope(
 
 
 _RUN_COLUMNS = [
-    "run_id", "run_name", "status", "start_time", "data", "model", "freeze", "seed", "task",
-    "items", "metric", "dev", "best_dev", "test", *_RUN_METRICS, "train_time_s", "epochs",
-    "lr", "tuned", "recipe_lr", "option_keys", "wall_s", "sweep_dir", "job_num", "git_commit",
+    "run_id",
+    "run_name",
+    "status",
+    "start_time",
+    "data",
+    "model",
+    "freeze",
+    "seed",
+    "task",
+    "items",
+    "metric",
+    "dev",
+    "best_dev",
+    "test",
+    *_RUN_METRICS,
+    "train_time_s",
+    "epochs",
+    "lr",
+    "tuned",
+    "recipe_lr",
+    "option_keys",
+    "wall_s",
+    "sweep_dir",
+    "job_num",
+    "git_commit",
     "error",
-]  # fmt: skip
+]
 _HISTORY_COLUMNS = ["run_id", "data", "model", "freeze", "seed", "key", "epoch", "value"]
 
 

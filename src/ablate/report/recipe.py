@@ -13,8 +13,16 @@ from ablate import config
 DEFAULTS = "the default settings"
 # What a panel names already (its dataset, its model) or where the files are, not how runs use
 # them: never a difference worth a word.
-_NAMED = ("data.name", "data.task", "data.treebank", "data.dir", "data.version", "data.splits",
-          "model.name", "model.name_or_path")  # fmt: skip
+_NAMED = (
+    "data.name",
+    "data.task",
+    "data.treebank",
+    "data.dir",
+    "data.version",
+    "data.splits",
+    "model.name",
+    "model.name_or_path",
+)
 _ABSENT = object()
 
 
@@ -29,7 +37,7 @@ _WORDS: dict[str, Callable[[str], str]] = {
         "every training sentence"
         if v == "None"
         else _plural(v, "training sentence", "training sentences")
-    ),  # fmt: skip
+    ),
     "trainer.lr": lambda v: f"lr {float(v):.2g}",
     "trainer.batch_size": lambda v: f"batch size {v}",
     "trainer.early_stopping_patience": lambda v: (

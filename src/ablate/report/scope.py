@@ -64,11 +64,14 @@ def sweeps(found: list) -> list[Sweep]:
             children.setdefault(parent, set()).add(r.info.run_id)
     out = [
         Sweep(
-            r.info.run_id, r.data.tags.get("hydra.sweep_dir"), r.info.start_time,
+            r.info.run_id,
+            r.data.tags.get("hydra.sweep_dir"),
+            r.info.start_time,
             frozenset(children.get(r.info.run_id, set()) | set(reused(r.data.tags))),
         )
-        for r in found if is_sweep(r)
-    ]  # fmt: skip
+        for r in found
+        if is_sweep(r)
+    ]
     return sorted(out, key=lambda s: s.start_time, reverse=True)
 
 
@@ -110,9 +113,10 @@ def select(found: list, sweep: str, experiment: str) -> tuple[set[str], str | No
     here = [s for s in sweeps(found) if s.folder == folder]
     ids = set().union(*(s.runs for s in here))
     ids |= {
-        r.info.run_id for r in found
+        r.info.run_id
+        for r in found
         if r.data.tags.get("hydra.sweep_dir") == folder and not is_sweep(r)
-    }  # fmt: skip
+    }
     if not ids:
         ran = (
             f"the sweeps run in {folder} have no runs ({_gone(found, here)})"
@@ -130,9 +134,10 @@ def _gone(found: list, here: list[Sweep]) -> str:
     """Why sweeps have no runs: later sweeps resumed them (named), or no job opened one."""
     ids = {s.run_id for s in here}
     later = {
-        r.data.tags.get("mlflow.parentRunId") for r in found
+        r.data.tags.get("mlflow.parentRunId")
+        for r in found
         if any(m["sweep"] in ids for m in json.loads(r.data.tags.get(MOVED, "[]")))
-    }  # fmt: skip
+    }
     folders = sorted(s.folder or s.run_id for s in sweeps(found) if s.run_id in later)
     if folders:
         return f"later sweeps resumed their runs: {', '.join(folders)}"
@@ -163,8 +168,9 @@ def unrun(found: list, parents: list[str]) -> list[dict]:
         key = label or (sweep.info.run_id, n)
         if key not in covered and key not in seen:
             seen.add(key)
-            rows.append({"sweep": sweep, "job": n, "overrides": label,
-                         "reason": _why(found, sweep, n)})  # fmt: skip
+            rows.append(
+                {"sweep": sweep, "job": n, "overrides": label, "reason": _why(found, sweep, n)}
+            )
     return rows
 
 

@@ -37,9 +37,14 @@ def bootstrap_interval(
     if np.all(values == values[0]):  # no spread: every resample has the same mean
         return float(values[0]), float(values[0])
     res = stats.bootstrap(
-        (values,), np.mean, n_resamples=n_boot, confidence_level=level, method="percentile",
-        random_state=np.random.default_rng(seed), batch=100,
-    )  # fmt: skip
+        (values,),
+        np.mean,
+        n_resamples=n_boot,
+        confidence_level=level,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+        batch=100,
+    )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 

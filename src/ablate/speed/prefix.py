@@ -223,9 +223,12 @@ class PrefixCached(nn.Module):
     main_input_name = "input_ids"
 
     def __init__(
-        self, model: nn.Module, k: int, store: PrefixStore | None,
+        self,
+        model: nn.Module,
+        k: int,
+        store: PrefixStore | None,
         eval_store: PrefixStore | None = None,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.model = model
         self.k = k
@@ -274,9 +277,15 @@ class PrefixCached(nn.Module):
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def forward(
-        self, input_ids=None, attention_mask=None, labels=None, prefix_index=None,
-        prefix_hidden=None, eval_index=None, **kw,
-    ):  # fmt: skip
+        self,
+        input_ids=None,
+        attention_mask=None,
+        labels=None,
+        prefix_index=None,
+        prefix_hidden=None,
+        eval_index=None,
+        **kw,
+    ):
         if prefix_index is not None:
             prefix_hidden = self.training_prefix(prefix_index, input_ids)
         elif eval_index is not None and self.eval_store is not None and not self.training:
@@ -323,9 +332,12 @@ def _logits(out) -> torch.Tensor:
 
 @torch.inference_mode()
 def check(
-    wrapped: PrefixCached, features: Sequence[dict], pad_id: int = 0, n: int = 4,
+    wrapped: PrefixCached,
+    features: Sequence[dict],
+    pad_id: int = 0,
+    n: int = 4,
     index_key: str = "prefix_index",
-) -> float:  # fmt: skip
+) -> float:
     """Max |logits difference| between the cached and the full forward (eval mode), on the first
     ``n`` windows of ``features`` (``index_key``: training or dev windows)."""
     was_training = wrapped.training

@@ -105,16 +105,27 @@ def _register_builtin() -> None:
     )
     register(
         Task(
-            "ner", ner.NER_TAGS, ner.read_conll2003, encode_words, ner.evaluate_entities,
-            primary_metric="f1", epoch_metrics=("accuracy",),
+            "ner",
+            ner.NER_TAGS,
+            ner.read_conll2003,
+            encode_words,
+            ner.evaluate_entities,
+            primary_metric="f1",
+            epoch_metrics=("accuracy",),
         )
-    )  # fmt: skip
+    )
     register(
         Task(
-            "sst2", sst2.SST2_LABELS, sst2.read_sst2, sst2.encode_texts, sst2.evaluate_sequences,
-            head="sequence", epoch_metrics=("f1",), item_name="sentences",
+            "sst2",
+            sst2.SST2_LABELS,
+            sst2.read_sst2,
+            sst2.encode_texts,
+            sst2.evaluate_sequences,
+            head="sequence",
+            epoch_metrics=("f1",),
+            item_name="sentences",
         )
-    )  # fmt: skip
+    )
 
 
 _register_builtin()

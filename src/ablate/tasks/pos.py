@@ -16,9 +16,24 @@ from ablate.tasks.metrics import Evaluation, accuracy, report, scored
 # The 17 universal POS tags, in the UD documentation's order: one fixed inventory, so a label id
 # means the same tag for every treebank (and a tagger trained on one can score another).
 UPOS = (
-    "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM",
-    "PART", "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X",
-)  # fmt: skip
+    "ADJ",
+    "ADP",
+    "ADV",
+    "AUX",
+    "CCONJ",
+    "DET",
+    "INTJ",
+    "NOUN",
+    "NUM",
+    "PART",
+    "PRON",
+    "PROPN",
+    "PUNCT",
+    "SCONJ",
+    "SYM",
+    "VERB",
+    "X",
+)
 
 _ID = re.compile(r"^(\d+)(?:-\d+|\.\d+)?$")  # word, multiword range (3-4) or empty node (8.1)
 

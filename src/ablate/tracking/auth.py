@@ -50,9 +50,14 @@ def get_once(uri: str, endpoint: str, timeout: float = 10, **params):
     from mlflow.utils.rest_utils import http_request
 
     return http_request(
-        get_default_host_creds(uri), endpoint, "GET", max_retries=0, timeout=timeout,
-        raise_on_status=False, params=params or None,
-    )  # fmt: skip
+        get_default_host_creds(uri),
+        endpoint,
+        "GET",
+        max_retries=0,
+        timeout=timeout,
+        raise_on_status=False,
+        params=params or None,
+    )
 
 
 def health(uri: str, timeout: float = 2.0) -> int | None:

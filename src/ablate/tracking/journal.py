@@ -162,8 +162,11 @@ class Journal:
         if not self.flush():
             log.warning(
                 "tracking server %s does not answer: waiting up to %g min to send the run's "
-                "record (kept in %s)", self.uri, minutes, self.folder,
-            )  # fmt: skip
+                "record (kept in %s)",
+                self.uri,
+                minutes,
+                self.folder,
+            )
         while not self.flush():
             if time.monotonic() > deadline:
                 raise AblateError(
@@ -183,8 +186,10 @@ class Journal:
             self.down_since = time.time()
             log.warning(
                 "tracking server %s does not answer: training goes on, the run's record is "
-                "kept in %s and sent when the server is back", self.uri, self.folder,
-            )  # fmt: skip
+                "kept in %s and sent when the server is back",
+                self.uri,
+                self.folder,
+            )
 
     def _send(self, e: dict[str, Any]) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -198,8 +203,9 @@ class Journal:
             for chunk in chunks(list(e["tags"].items())):
                 c.log_batch(run, tags=[RunTag(k, v) for k, v in chunk])
         elif op == "metrics":
-            c.log_batch(run, metrics=[Metric(k, v, e["ts"], e["step"])
-                                      for k, v in e["metrics"].items()])  # fmt: skip
+            c.log_batch(
+                run, metrics=[Metric(k, v, e["ts"], e["step"]) for k, v in e["metrics"].items()]
+            )
         elif op == "untag":
             for k in e["keys"]:
                 if k in c.get_run(run).data.tags:  # a replay may send it twice

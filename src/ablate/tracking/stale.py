@@ -45,5 +45,8 @@ def _process(tags: dict[str, str]) -> dict:
     """The process a run recorded (``ablate.process``; runs of earlier versions: three tags)."""
     if "ablate.process" in tags:
         return json.loads(tags["ablate.process"])
-    return {"host": tags.get("host"), "pid": tags.get("ablate.pid"),
-            "started": tags.get("ablate.pid_started")}  # fmt: skip
+    return {
+        "host": tags.get("host"),
+        "pid": tags.get("ablate.pid"),
+        "started": tags.get("ablate.pid_started"),
+    }

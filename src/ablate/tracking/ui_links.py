@@ -34,10 +34,13 @@ def view_key(task: str) -> str:
 def view(primary: str) -> str:
     """The runs table's columns and order for a task whose primary metric is ``primary``."""
     columns = [f"best_dev_{primary}", f"test_{primary}", "trainable_pct"]
-    return json.dumps({
-        "selectedColumns": [f"metrics.`{c}`" for c in columns] + ["attributes.`Models`"],
-        "orderByKey": f"metrics.`best_dev_{primary}`", "orderByAsc": False,
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "selectedColumns": [f"metrics.`{c}`" for c in columns] + ["attributes.`Models`"],
+            "orderByKey": f"metrics.`best_dev_{primary}`",
+            "orderByAsc": False,
+        }
+    )
 
 
 def set_view(client, experiment_id: str, task: str) -> None:

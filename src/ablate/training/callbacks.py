@@ -73,8 +73,15 @@ class EpochLogger(TrainerCallback):
         self.record.metrics(logged, step=epoch_of(state))
         loss = "" if self._loss is None else f", train loss {self._loss:.4f}"
         epochs = round(args.num_train_epochs)
-        log.info("epoch %d/%d: dev %s %.4f%s, %.1f s training", epoch_of(state), epochs,
-                 self.primary, value, loss, self._seconds)  # fmt: skip
+        log.info(
+            "epoch %d/%d: dev %s %.4f%s, %.1f s training",
+            epoch_of(state),
+            epochs,
+            self.primary,
+            value,
+            loss,
+            self._seconds,
+        )
 
 
 def dev_history(state, primary: str) -> list[float]:

@@ -94,9 +94,11 @@ def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: P
     # notes each step; ``keep`` says what is kept in one line.
     with quieted({"mlflow.transformers": logging.ERROR}):
         mlflow.transformers.save_model(
-            {"model": plain, "tokenizer": tokenizer}, str(path), task=PIPELINES[task.head],
+            {"model": plain, "tokenizer": tokenizer},
+            str(path),
+            task=PIPELINES[task.head],
             pip_requirements=_requirements(),  # else MLflow loads the model again to infer them
-        )  # fmt: skip
+        )
 
 
 def _save_delta(model_cfg: DictConfig, task: tasks.Task, plain: nn.Module, path: Path) -> bool:
@@ -110,8 +112,11 @@ def _save_delta(model_cfg: DictConfig, task: tasks.Task, plain: nn.Module, path:
     if delta.nbytes(kept) > DELTA_SHARE * delta.nbytes(trained):
         return False
     (path / "delta").mkdir(parents=True)
-    save_file(kept, str(path / "delta" / "model.safetensors"),
-              metadata={"base_sha256": delta.digest(base, kept)})  # fmt: skip
+    save_file(
+        kept,
+        str(path / "delta" / "model.safetensors"),
+        metadata={"base_sha256": delta.digest(base, kept)},
+    )
     return True
 
 
@@ -204,8 +209,9 @@ def _own_layout(path: Path, kind: str, task: tasks.Task, model_cfg: dict, tokeni
 
     tokenizer.save_pretrained(str(path / "tokenizer"))
     mlmodel = Model()
-    mlmodel.add_flavor(FLAVOUR, kind=kind, task=task.name, model=model_cfg,
-                       loader="ablate.training.keep.load")  # fmt: skip
+    mlmodel.add_flavor(
+        FLAVOUR, kind=kind, task=task.name, model=model_cfg, loader="ablate.training.keep.load"
+    )
     mlmodel.save(str(path / "MLmodel"))
 
 

@@ -106,8 +106,12 @@ def assign_gpu(
         return None
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        log.warning("%d GPUs, %d workers: CUDA started before a GPU was assigned; this job "
-                    "uses the first visible GPU", len(gpus), workers)  # fmt: skip
+        log.warning(
+            "%d GPUs, %d workers: CUDA started before a GPU was assigned; this job "
+            "uses the first visible GPU",
+            len(gpus),
+            workers,
+        )
         return None
     slot = _claim_slot(workers, key)
     if slot is None:

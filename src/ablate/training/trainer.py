@@ -67,9 +67,13 @@ class CoreTrainer(Trainer):
         return out.predictions, out.label_ids
 
     def evaluation_loop(
-        self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+        self,
+        dataloader,
+        description,
+        prediction_loss_only=None,
+        ignore_keys=None,
         metric_key_prefix="eval",
-    ) -> EvalLoopOutput:  # fmt: skip
+    ) -> EvalLoopOutput:
         self._losses = []  # (loss x scored labels, scored labels) per batch
         out = self.evaluation_pass(
             dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
