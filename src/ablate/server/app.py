@@ -10,7 +10,9 @@ it. MLflow offers no setting for any of these, so they are hooks around its app:
 - only the admin lists users or looks up another user;
 - a password is set only if long enough and not a common one; failed logins are limited per
   user name and per client address; a malformed ``Authorization`` header is a 401;
-- a request body is at most ``ABLATE_SERVER_MAX_UPLOAD_MB`` (an upload states its length).
+- a request body is at most ``ABLATE_SERVER_MAX_UPLOAD_MB`` (an upload states its length);
+- ``/ablate/lr-study-storage`` names the port of the server's lr-study storage, without a
+  password (``ablate.server.studies`` asks for the login).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ MAX_UPLOAD_ENV = "ABLATE_SERVER_MAX_UPLOAD_MB"
 DEFAULT_MAX_UPLOAD_MB = 1024
 MIN_PASSWORD = 12
 LOGINS_ENV = "ABLATE_SERVER_LOGINS"  # the file that counts failed logins
+# the port of the lr-study storage (ablate.server.studies), and where the app names it
+STUDY_PORT_ENV, STUDY_INFO_PATH = "ABLATE_SERVER_STUDY_PORT", "/ablate/lr-study-storage"
 # failed logins in a window after which a user name, or a client address, is refused until
 # the window has passed
 LOGIN_LIMITS, LOGIN_WINDOW_S = {"user": 10, "address": 30}, 300
@@ -158,11 +162,13 @@ _PASSWORD_ROUTES = {"mlflow/users/create", "mlflow/users/update-password", "mlfl
 _BODY_ROUTES = {"mlflow/experiments/create", *_PASSWORD_ROUTES}
 
 
-def _grants(username: str) -> tuple[bool, set[tuple[str, str]]]:
-    """(is admin, {(resource type, pattern)} the user may write) from the user store."""
-    from mlflow.server.auth import store
+def grants(username: str, store=None) -> tuple[bool, set[tuple[str, str]]]:
+    """(is admin, {(resource type, pattern)} the user may write) from the user store (MLflow's
+    app's, unless ``store``)."""
     from mlflow.utils.workspace_utils import DEFAULT_WORKSPACE_NAME
 
+    if store is None:
+        from mlflow.server.auth import store
     user = store.get_user(username)
     if user.is_admin:
         return True, set()
@@ -206,11 +212,11 @@ def _before_request():
     if route in ("mlflow/users/list", "mlflow/users/get"):
         if route == "mlflow/users/get" and request.args.get("username") == username:
             return None
-        if not _grants(username)[0]:
+        if not grants(username)[0]:
             return _json_error(403, "PERMISSION_DENIED", "only the admin sees other users")
     needs_all = _CREATES.get((route, request.method))
     if needs_all is not None:
-        admin, writes = _grants(username)
+        admin, writes = grants(username)
         if not admin and (not writes or (needs_all and ("experiment", "*") not in writes)):
             what = "an editor of every experiment" if needs_all else "an editor"
             return _json_error(403, "PERMISSION_DENIED", f"creating this needs {what}")
@@ -264,6 +270,8 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if scope["path"] == STUDY_INFO_PATH and scope["method"] == "GET":
+            return await self._study_port(send)
         headers = dict(scope["headers"])
         keys: dict[str, str] = {}
         if (header := headers.get(b"authorization")) is not None:
@@ -294,6 +302,17 @@ class Guard:
         await self.app(scope, receive, watch)
         if keys and status.get("code") == 401:
             self.failures.failed(keys)
+
+    async def _study_port(self, send) -> None:
+        """Where the lr-study storage listens (``ablate.server.studies``): its port, which is
+        no secret (the storage asks for the login), so that a member's client needs no setting."""
+        port = os.environ.get(STUDY_PORT_ENV)
+        if not port:
+            return await _plain(send, 404, "this server keeps no lr studies")
+        body = json.dumps({"port": int(port)}).encode()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _basic_user(header: bytes) -> str | None:

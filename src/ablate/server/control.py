@@ -33,29 +33,35 @@ from pathlib import Path
 
 from ablate.config import project_root
 from ablate.errors import AblateError
-from ablate.server.app import APP_NAME, DEFAULT_MAX_UPLOAD_MB, LOGINS_ENV, MAX_UPLOAD_ENV
+from ablate.server.app import (
+    APP_NAME,
+    DEFAULT_MAX_UPLOAD_MB,
+    LOGINS_ENV,
+    MAX_UPLOAD_ENV,
+    STUDY_PORT_ENV,
+)
 from ablate.server.credentials import (
     new_password,
     read_credentials,
     write_credentials,
     write_private,
 )
-from ablate.server.files import CREDENTIALS, STATE, local_uri
-from ablate.server.postgres import client_env, start_postgres, stop_postgres
+from ablate.server.files import AUTH_DB, CREDENTIALS, HOME, STATE, local_uri
+from ablate.server.postgres import start_postgres, stop_postgres, study_url
+from ablate.server.processes import service_env, spawn, start_studies
 from ablate.server.service_user import (
     SERVICE_USER,
     adopt,
-    as_service,
     own_folder,
     service_user,
 )
 from ablate.server.ui import NO_JOBS
 from ablate.tracking import procs
-from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user, check_server, health
+from ablate.tracking.auth import as_user, check_server, health
 
 ADMIN = "admin"
-AUTH_CONFIG, AUTH_DB, SECRET = "basic_auth.ini", "basic_auth.db", "flask_secret"
-HOME, ARTIFACTS, LOG = "mlflow", "artifacts", "mlflow.log"  # the server's own folders, its log
+AUTH_CONFIG, SECRET = "basic_auth.ini", "flask_secret"
+ARTIFACTS, LOG = "artifacts", "mlflow.log"  # the server's artifact store, its log
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # A password check costs the server ~0.1 s of CPU (scrypt); a worker remembers a good one this
 # long, so a password changed or a member removed is refused by every worker within a minute.
@@ -85,9 +91,11 @@ def start(
     auth: bool = False,
     allowed_hosts: tuple[str, ...] = (),
     max_upload_mb: int = DEFAULT_MAX_UPLOAD_MB,
+    study_port: int = 0,
 ) -> str:
-    """Start PostgreSQL (unless ``db_url``; on ``pg_port``, 0: a free one) and the MLflow
-    server; return the tracking URI.
+    """Start PostgreSQL (unless ``db_url``; on ``pg_port``, 0: a free one), the MLflow server
+    and, on PostgreSQL's cluster with ``auth``, the lr-study storage (on ``study_port``, 0: a
+    free one); return the tracking URI.
 
     ``auth``: MLflow's basic-auth app with ablate's guards (``make server`` always asks for it);
     without it the server is open to whoever reaches the port, so it must stay on loopback.
@@ -103,6 +111,10 @@ def start(
     if db_url is None:
         pg_port = pg_port or _free_port()
         _check_port_free("127.0.0.1", pg_port, "PostgreSQL's", "make server PG_PORT=...")
+        if auth:  # members elsewhere reach their lr studies there (ablate.server.studies)
+            study_port = study_port or _free_port(host)
+            fix = "make server STUDY_PORT=..."
+            _check_port_free(host, study_port, "the lr-study storage's", fix)
     for name in (HOME, ARTIFACTS):
         adopt(folder / name, owner)
     if db_url is not None:
@@ -116,8 +128,15 @@ def start(
         write_private(folder / STATE, json.dumps(state))  # stop() can stop it, whatever follows
     env[MAX_UPLOAD_ENV] = str(max_upload_mb)
     env[LOGINS_ENV] = str(folder / HOME / "logins.db")
+    if "pg_port" in state and auth:
+        env[STUDY_PORT_ENV] = str(study_port)
     try:
-        return _start_mlflow(folder, port, db_url, state, timeout, env, allowed_hosts, owner)
+        uri = _start_mlflow(folder, port, db_url, state, timeout, env, allowed_hosts, owner)
+        if STUDY_PORT_ENV in env:
+            start_studies(
+                folder, state, study_url(state["pg_port"]), study_port, env[LOGINS_ENV], owner
+            )
+        return uri
     except BaseException:
         stop(folder)
         raise
@@ -138,9 +157,9 @@ def _check_sqlite_writable(db_url: str, owner: tuple[int, int] | None, folder: P
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
         return probe.getsockname()[1]
 
 
@@ -213,17 +232,7 @@ def _start_mlflow(
     owner: tuple[int, int] | None = None,
 ) -> str:
     host = state.get("host", "127.0.0.1")
-    # root's file, appended to by the server through this descriptor; a symlink is refused
-    try:
-        log = os.open(folder / LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        raise AblateError(
-            f"{folder / LOG}: cannot open the server's log ({exc.strerror}; a symlink there is "
-            f"refused): move it away"
-        ) from None
-    hidden = (ENV_USER, ENV_PASSWORD, "MLFLOW_AUTH_ADMIN_PASSWORD")
-    env = {k: v for k, v in {**NO_JOBS, **client_env(folder)}.items() if k not in hidden}
-    env.update(MLFLOW_DISABLE_TELEMETRY="true", HOME=str(folder / HOME), **auth_env)
+    env = {**NO_JOBS, **service_env(folder), **auth_env}
     cmd = [
         sys.executable, "-m", "mlflow", "server",
         "--backend-store-uri", db_url,
@@ -234,17 +243,7 @@ def _start_mlflow(
         cmd += ["--app-name", APP_NAME]
     if host not in LOOPBACK:
         cmd += ["--allowed-hosts", ",".join(allowed_host_patterns(host, allowed_hosts))]
-    if owner is not None:
-        import ablate
-
-        cmd = as_service(cmd, owner, [Path(sys.prefix), Path(ablate.__file__).parent, folder])
-    try:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            cwd=folder / HOME, umask=0o077,
-        )  # fmt: skip
-    finally:
-        os.close(log)
+    proc = spawn(folder, cmd, env, owner, LOG)
     state["mlflow_pid"] = proc.pid
     state["mlflow_started"] = procs.started(proc.pid)
     write_private(folder / STATE, json.dumps(state))
@@ -281,10 +280,21 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def stop(folder: Path) -> None:
-    """Stop the MLflow server and the PostgreSQL cluster recorded in ``folder``.
+def _stop_group(pid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # a polite stop first, up to 10 s each
+        _signal_group(pid, sig)  # a server and its workers share its session
+        deadline = time.monotonic() + 10
+        while procs.alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not procs.alive(pid):
+            return
 
-    The server is signalled only if its pid still belongs to the process that ``start`` started
+
+def stop(folder: Path) -> None:
+    """Stop the MLflow server, the lr-study storage and the PostgreSQL cluster recorded in
+    ``folder``.
+
+    A server is signalled only if its pid still belongs to the process that ``start`` started
     (same start time); a pid reused by another process is left alone.
     """
     path = folder.resolve() / STATE
@@ -292,15 +302,10 @@ def stop(folder: Path) -> None:
         return
     state = json.loads(path.read_text())
     try:
-        pid = state.get("mlflow_pid")
-        if pid and procs.same(pid, state.get("mlflow_started")):
-            for sig in (signal.SIGTERM, signal.SIGKILL):  # a polite stop first, up to 10 s each
-                _signal_group(pid, sig)  # the server and its workers share its session
-                deadline = time.monotonic() + 10
-                while procs.alive(pid) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                if not procs.alive(pid):
-                    break
+        for name in ("study", "mlflow"):
+            pid = state.get(f"{name}_pid")
+            if pid and procs.same(pid, state.get(f"{name}_started")):
+                _stop_group(pid)
         if state.get("pg_data"):
             stop_postgres(state["pg_data"])
     finally:
@@ -324,6 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     begin.add_argument("--max-upload-mb", type=int, default=DEFAULT_MAX_UPLOAD_MB,
                        help="largest upload (an artifact) the server takes, in MB")  # fmt: skip
     begin.add_argument("--db-url", default=None, help="existing database (SQLAlchemy URL)")
+    begin.add_argument("--study-port", type=int, default=0,
+                       help="the lr-study storage's port (0: a free one)")  # fmt: skip
     begin.add_argument("--allowed-hosts", default="", help="more names clients use, a,b")
     sub.add_parser("stop", help="stop what start started")
     member = sub.add_parser("member", help="add a member, or change its role")
@@ -338,7 +345,8 @@ def main(argv: list[str] | None = None) -> None:
             extra = tuple(h for h in args.allowed_hosts.split(",") if h)
             uri = start(args.dir, args.port, args.pg_port, args.db_url, host=args.host,
                         auth=True, allowed_hosts=extra,
-                        max_upload_mb=args.max_upload_mb)  # fmt: skip
+                        max_upload_mb=args.max_upload_mb,
+                        study_port=args.study_port)  # fmt: skip
             shown = uri if args.host in LOOPBACK else f"http://<this host>:{args.port}"
             print(f"MLflow server at {shown} with authentication (logs in {args.dir});")
             print(f"  the admin's password is in {args.dir / CREDENTIALS} (MLflow's format)")

@@ -4,11 +4,12 @@ machine's PostgreSQL binaries, and reached by password only (scram-sha-256, on a
 
 PostgreSQL owns its data folder (``pg``) and its run folder (``postgres``: the socket and
 ``postgres.log``), nothing else of ``.server/``. The server's database role (``ablate``) owns
-the ``mlflow`` database and is no superuser; the cluster's superuser is the OS user that runs
-PostgreSQL, reached only through the socket as that OS user (peer), which is how ablate creates
-the role and the database. The role's password is generated into ``.server/pgpass`` (libpq's
-password file, readable by the MLflow server's user only), which the server reads through
-``PGPASSFILE``: it never appears in a URL, a command line or a log.
+the ``mlflow`` database and the lr studies' (``ablate_lrstudy``) and is no superuser; the
+cluster's superuser is the OS user that runs PostgreSQL, reached only through the socket as that
+OS user (peer), which is how ablate creates the role and the databases. The role's password is
+generated into ``.server/pgpass`` (libpq's password file, readable by the MLflow server's user
+only), which the server reads through ``PGPASSFILE``: it never appears in a URL, a command line
+or a log.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ablate.server.credentials import new_password, write_private
 PASSFILE = "pgpass"
 DATA, RUN, LOG = "pg", "postgres", "postgres.log"
 USER, DATABASE = "ablate", "mlflow"
+STUDIES = "ablate_lrstudy"  # the lr studies' (Optuna's RDB storage cannot share MLflow's)
 _AUTH = "scram-sha-256"
 
 
@@ -116,6 +118,19 @@ def _psql(folder: Path, port: int, sql: str) -> None:
     )  # fmt: skip
 
 
+def _create_database(name: str) -> str:
+    """SQL that creates database ``name``, owned by the server's role, unless it exists."""
+    return (
+        f"SELECT 'CREATE DATABASE {name} OWNER {USER}' WHERE NOT EXISTS "
+        f"(SELECT FROM pg_database WHERE datname = '{name}')\\gexec\n"
+    )
+
+
+def study_url(port: int) -> str:
+    """The SQLAlchemy URL of the lr studies' database (the password: ``client_env``)."""
+    return f"postgresql+psycopg2://{USER}@127.0.0.1:{port}/{STUDIES}"
+
+
 def _give_role(folder: Path, port: int, server: tuple[int, int] | None) -> None:
     """The server's role (no superuser, a new password) and its database."""
     password = new_password()
@@ -125,9 +140,7 @@ def _give_role(folder: Path, port: int, server: tuple[int, int] | None) -> None:
         f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{USER}') THEN "
         f"CREATE ROLE {USER}; END IF; END$$;\n"
         f"ALTER ROLE {USER} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
-        f"PASSWORD '{password}';\n"
-        f"SELECT 'CREATE DATABASE {DATABASE} OWNER {USER}' WHERE NOT EXISTS "
-        f"(SELECT FROM pg_database WHERE datname = '{DATABASE}')\\gexec\n",
+        f"PASSWORD '{password}';\n" + _create_database(DATABASE),
     )
     _write_passfile(folder, password, server)
 
@@ -218,6 +231,7 @@ def start_postgres(folder: Path, port: int, server: tuple[int, int] | None = Non
             _demote(folder, data, port)
         if server is not None:  # the server's user reads it
             os.chown(folder / PASSFILE, *server)
+        _psql(folder, port, _create_database(STUDIES))  # a cluster older than the studies'
     except BaseException:
         stop_postgres(str(data))  # nothing records it yet: do not leave it running
         raise
