@@ -43,8 +43,11 @@ def callbacks(cfg: DictConfig, record: Recorder, primary: str) -> list[TrainerCa
 
     trial = json.loads(given)
     _die_with(trial["driver"])
+    from ablate.lrstudy.study import open_storage  # a team server's storage is no URL Optuna reads
+
+    storage = open_storage(trial["storage"])
     study = optuna.load_study(
-        study_name=trial["study"], storage=trial["storage"], pruner=pruner(cfg.lr_study)
+        study_name=trial["study"], storage=storage, pruner=pruner(cfg.lr_study)
     )
     record.tags({TRIAL_TAG: f"{trial['study']}:{trial['number']}"})  # how the study finds it
     return [ReportToStudy(optuna.Trial(study, trial["trial_id"]), record, primary)]

@@ -18,6 +18,10 @@ epoch checkpoint. Several workers: a worker asks for a trial only while finished
 trials are fewer than the study wants or a retry is queued, and a trial that finds that many
 finished, running or queued trials numbered before it (two workers asked at once) is dropped
 unrun, so none is doubled.
+
+With an ablate team server as the tracking store (an http(s) URI), the study lives in the
+server's own database, reached through the server with the member's MLflow login
+(``ablate.lrstudy.remote``): workers on any machine share it with no setting of their own.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ablate import tasks
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG, remote
 from ablate.lrstudy.pruning import pruner
 from ablate.tracking import procs
 from ablate.tracking.identity import identity
@@ -53,7 +57,8 @@ from ablate.tracking.store import prepare
 log = logging.getLogger("ablate")
 
 PRESET = "lr_study=trial"  # the trials' settings: conf/lr_study/trial.yaml
-HEARTBEAT_S, GRACE_S = 30, 120  # a study process on another host is dead after GRACE_S silent
+# a study process on another host is dead after GRACE_S silent (the team server's storage too)
+HEARTBEAT_S, GRACE_S = remote.HEARTBEAT_S, remote.GRACE_S
 POLL_S = 5.0  # how often a worker waiting on others' trials looks again
 COUNTED = (
     optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
@@ -108,7 +113,8 @@ def check(cfg: DictConfig) -> None:
 
 def storage_url(cfg: DictConfig) -> str:
     """Where the study persists: ``lr_study.storage``, else ``lr_study.db`` beside a sqlite
-    tracking store (or a local folder one)."""
+    tracking store (or a local folder one), else the storage an ablate team server at an http(s)
+    tracking URI serves (``grpc://host:port``, ``ablate.lrstudy.remote``)."""
     if cfg.lr_study.storage:
         return cfg.lr_study.storage
     uri = cfg.tracking.uri
@@ -116,11 +122,36 @@ def storage_url(cfg: DictConfig) -> str:
         return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).parent / 'lr_study.db'}"
     if "://" not in uri or uri.startswith("file:"):
         return f"sqlite:///{Path(uri.removeprefix('file:')).resolve().parent / 'lr_study.db'}"
+    why = "not a tracking server's address"
+    if uri.startswith(("http://", "https://")):
+        try:
+            return remote.discover(uri)
+        except AblateError as exc:
+            why = str(exc)
     raise AblateError(
-        f"tracking.uri={uri}: an lr study needs a database of its own beside a tracking server: "
-        "set lr_study.storage (e.g. lr_study.storage=postgresql://user@host/optuna, or "
+        f"tracking.uri={uri}: an lr study needs a database of its own beside a tracking server "
+        f"({why}): set lr_study.storage (e.g. lr_study.storage=postgresql://user@host/optuna, or "
         "sqlite:////shared/disk/lr_study.db)"
     )
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """The storage at ``url`` (a database, or a team server's ``grpc://``), with the heartbeats
+    that fail a dead study process's trial and queue it again."""
+    with warnings.catch_warnings():  # heartbeat arguments: experimental, in Optuna 2 to 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(
+            max_retry=3, inherit_intermediate_values=True
+        )
+        if url.startswith(remote.SCHEME):
+            storage = remote.TeamStorage(url, retry)
+            storage.check()
+            return storage
+        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+            heartbeat_stale_trial_callback=retry,
+        )  # fmt: skip
 
 
 def study_name(cfg: DictConfig) -> str:
@@ -136,7 +167,6 @@ def open_study(cfg: DictConfig) -> optuna.Study:
     """The study of ``cfg``'s trials, created if new, with the pruner of ``lr_study``."""
     name = study_name(cfg)
     url = storage_url(cfg)
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     lock = contextlib.nullcontext()
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
@@ -144,14 +174,9 @@ def open_study(cfg: DictConfig) -> optuna.Study:
         # workers starting together would each create a fresh file's tables ("table
         # alembic_version already exists"): sqlite serialises writes, not Optuna's migrations
         lock = FileLock(f"{path}.lock", timeout=300)
-    with lock, warnings.catch_warnings():  # heartbeat arguments: experimental, in Optuna 2 to 5
+    with lock, warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = optuna.storages.RDBStorage(
-            url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                max_retry=3, inherit_intermediate_values=True
-            ),
-        )  # fmt: skip
+        storage = open_storage(url)
         study = optuna.create_study(
             storage=storage, study_name=name, direction="maximize", sampler=sampler(name, cfg),
             pruner=pruner(cfg.lr_study), load_if_exists=True,
