@@ -279,7 +279,7 @@ class LrStudyConfig:
     range: list[float] = _study_key([1e-5, 1e-3], "[low, high] lr a study searches (log scale)")
     storage: str | None = _study_key(
         None, "Optuna storage (a database URL) the studies persist in; null = `lr_study.db` "
-        "beside a sqlite tracking store",
+        "beside a sqlite tracking store, or a team server's own (`make server`)",
     )  # fmt: skip
     pruner: str = _study_key(
         "median", "`median`: stop a trial whose dev metric is below the median of earlier "
