@@ -1,4 +1,4 @@
-"""docs/extending.md's worked examples, written into an ``ablate_plugins`` folder and run."""
+"""docs/extending.md's worked examples, written into an ``ablate_extensions`` folder and run."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ DOC = ROOT / "docs" / "extending.md"
 
 
 def examples() -> dict[str, str]:
-    """The doc's Python blocks that name their file (``# ablate_plugins/<name>.py``)."""
-    blocks = re.findall(r"```python\n(# (ablate_plugins/\w+\.py)\n.*?)```", DOC.read_text(), re.S)
+    """The doc's Python blocks that name their file (``# ablate_extensions/<name>.py``)."""
+    pattern = r"```python\n(# (ablate_extensions/\w+\.py)\n.*?)```"
+    blocks = re.findall(pattern, DOC.read_text(), re.S)
     return {path: code for code, path in blocks}
 
 
@@ -24,14 +25,15 @@ def test_the_extending_examples_register_a_task_a_strategy_and_a_switch_and_run(
 ):
     files = examples()
     assert sorted(files) == [
-        "ablate_plugins/coarse_pos.py", "ablate_plugins/flush_denormal.py",
-        "ablate_plugins/layernorm.py",
+        "ablate_extensions/coarse_pos.py", "ablate_extensions/flush_denormal.py",
+        "ablate_extensions/layernorm.py",
     ]  # fmt: skip
     for path, code in files.items():
         (tmp_path / path).parent.mkdir(exist_ok=True)
         (tmp_path / path).write_text(code)
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # from the folder holding ablate_plugins/, as a user runs it: the new task, strategy and switch
+    # from the folder holding ablate_extensions/, as a user runs it: the new task, strategy and
+    # switch
     proc = run_cli(
         *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
         "data.task=coarse_pos", "freeze.strategy=layernorm", "freeze.name=layernorm",
@@ -69,7 +71,7 @@ def without(conf: Path, keys: set[str]) -> None:
 
 
 def test_without_the_speed_folder_and_its_keys_runs_train_track_and_report(slice_root, tmp_path):
-    from ablate.speed.registry import SPEED
+    from ablate.speed.switches import SPEED
 
     shutil.copytree(ROOT / "src" / "ablate", tmp_path / "src" / "ablate",
                     ignore=shutil.ignore_patterns("speed", "__pycache__"))  # fmt: skip

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ablate.plugin import Context
 from helpers.runs import FakeRecorder, run_cli, slice_overrides
 from helpers.speed import LABEL2ID, NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
 from helpers.store import logged_runs, run_info
@@ -23,6 +22,7 @@ from ablate import switches
 from ablate.data.dataset import encode_splits
 from ablate.models import anatomy
 from ablate.models.build import load_tokenizer
+from ablate.plugins import Context
 from ablate.speed import dropout, embedding_rows, precision
 from ablate.speed.grouping import packing_unsupported
 from ablate.training.trainer import CoreTrainer

@@ -9,7 +9,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-from ablate.plugin import Context
 from helpers.runs import FakeRecorder
 from helpers.speed import NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
@@ -19,6 +18,7 @@ from ablate.data.encode import IGNORE
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build as build_model
+from ablate.plugins import Context
 from ablate.speed import prefix
 from ablate.speed.cache_frozen import CacheFrozen, StackIndices
 from ablate.speed.precision import cpu_bf16

@@ -127,8 +127,8 @@ switches.register(
 
 
 def test_an_extensions_switch_is_a_key_and_its_typo_is_not(tmp_path):
-    (tmp_path / "ablate_plugins").mkdir()
-    (tmp_path / "ablate_plugins" / "flush_denormal.py").write_text(EXTENSION)
+    (tmp_path / "ablate_extensions").mkdir()
+    (tmp_path / "ablate_extensions" / "flush_denormal.py").write_text(EXTENSION)
     shown = run_cli("trainer.flush_denormal=true", "--cfg", "job", cwd=tmp_path)
     assert shown.returncode == 0 and "  flush_denormal: true" in shown.stdout, shown.stderr
     line = refused(run_cli("+trainer.flush_denormall=true", cwd=tmp_path))

@@ -9,19 +9,19 @@ from helpers.runs import compose_cfg
 from helpers.speed import compose
 from omegaconf import OmegaConf
 
-from ablate import config, plugin, switches
+from ablate import config, plugins, switches
 from ablate.errors import AblateError
 from ablate.speed import precision
 from ablate.tracking.identity import identity
 
 
 def test_every_switch_is_declared_once_claimed_by_one_plugin_and_in_the_schema():
-    claimed = [key for p in plugin.active() for key in p.switches]
+    claimed = [key for p in plugins.active() for key in p.switches]
     assert len(claimed) == len(set(claimed))
     core = {s.key for s in switches.SWITCHES if s.plugin == switches.CORE}
     assert core == {"trainer.measure_flops", "data.tokenized_cache", "data.tokenized_cache_dir"}
     assert sorted([*claimed, *core]) == sorted(s.key for s in switches.SWITCHES)
-    for each in plugin.active():
+    for each in plugins.active():
         assert {switches.BY_KEY[key].plugin for key in each.switches} <= {each.name}
     cfg = compose_cfg()
     for s in switches.SWITCHES:
@@ -89,18 +89,18 @@ def test_gpu_and_cpu_training_arguments():
 
 
 def test_a_plugin_that_reads_what_a_later_one_adds_is_refused():
-    class Reads(plugin.Plugin):
+    class Reads(plugins.Plugin):
         name, uses = "reads", ("model.extra",)
 
-    class Adds(plugin.Plugin):
+    class Adds(plugins.Plugin):
         name, provides = "adds", ("model.extra",)
 
-    plugin.check_order([Adds(), Reads()])  # the provider first: fine
-    plugin.check_order([Reads()])  # nothing adds it: the reader does without
+    plugins.check_order([Adds(), Reads()])  # the provider first: fine
+    plugins.check_order([Reads()])  # nothing adds it: the reader does without
     with pytest.raises(ValueError, match="'reads' reads 'model.extra', which plugin 'adds' adds"):
-        plugin.check_order([Reads(), Adds()])
+        plugins.check_order([Reads(), Adds()])
     with pytest.raises(ValueError, match="'adds' and 'adds' both add 'model.extra'"):
-        plugin.check_order([Adds(), Adds()])
+        plugins.check_order([Adds(), Adds()])
     # the built-in order holds: the prefix cache adds what length grouping reads
-    names = [p.name for p in plugin.active()]
+    names = [p.name for p in plugins.active()]
     assert names.index("cache_frozen") < names.index("length_grouping")

@@ -1,8 +1,8 @@
-"""Extensions: the optional parts of ablate itself (``BUILTIN``: the speed plugins), then every
-module of the ``ablate_plugins`` namespace package, imported when the config schema is built
-(``ablate.config.register``), as Hydra imports ``hydra_plugins``. A module there registers tasks
-(``ablate.tasks.register``), strategies (``ablate.strategies.register``), plugins
-(``ablate.plugin.register``) and their switches (``ablate.switches.register``); the schema then
+"""Extensions: the optional parts of ablate itself (``BUILTIN``: the speed switches and plugins),
+then every module of the ``ablate_extensions`` namespace package, imported when the config schema
+is built (``ablate.config.register``), as Hydra imports ``hydra_plugins``. A module there registers
+tasks (``ablate.tasks.register``), strategies (``ablate.strategies.register``), training plugins
+(``ablate.plugins.register``) and their switches (``ablate.switches.register``); the schema then
 holds the new switches. docs/extending.md has a worked example of each.
 """
 
@@ -14,13 +14,13 @@ import logging
 import pkgutil
 
 log = logging.getLogger(__name__)
-NAMESPACE = "ablate_plugins"
+NAMESPACE = "ablate_extensions"
 BUILTIN = ("ablate.speed",)  # a part that may be deleted: loaded where it is there
 _loaded: set[str] = set()
 
 
 def load() -> list[str]:
-    """Import each ``BUILTIN`` part that is there and every ``ablate_plugins.*`` module (on
+    """Import each ``BUILTIN`` part that is there and every ``ablate_extensions.*`` module (on
     ``sys.path``: installed, or a folder on PYTHONPATH) not imported yet. Returns the modules
     imported by this call."""
     names = [name for name in BUILTIN if importlib.util.find_spec(name) is not None]

@@ -13,7 +13,7 @@ import torch
 from transformers import TrainerCallback
 
 from ablate.errors import AblateError
-from ablate.plugin import Context, Plugin, off_or
+from ablate.plugins import Context, Plugin, off_or
 from ablate.speed.prefix import PrefixCached, PrefixStore, check, compute, frozen_prefix
 
 log = logging.getLogger(__name__)

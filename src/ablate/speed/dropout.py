@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ablate.plugin import Context, Plugin
+from ablate.plugins import Context, Plugin
 
 ATTENTION = "ablate_sdpa"
 _DRAWS = 2**31  # int32 random_() draws uniformly from [0, 2^31)

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from ablate.models import anatomy
-from ablate.plugin import Context, Plugin
+from ablate.plugins import Context, Plugin
 
 
 class RowsEmbedding(nn.Embedding):

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import EvalLoopOutput, has_length
 
-from ablate.plugin import Context, Plugin
+from ablate.plugins import Context, Plugin
 from ablate.speed import batching
 from ablate.speed.precision import bf16_on_cpu
 

@@ -22,7 +22,7 @@ from transformers.trainer_utils import has_length
 
 from ablate.data.encode import IGNORE
 from ablate.models import anatomy
-from ablate.plugin import Context, Plugin
+from ablate.plugins import Context, Plugin
 from ablate.speed import batching
 from ablate.speed.dropout import ATTENTION
 from ablate.speed.precision import bf16_on_cpu

@@ -1,4 +1,4 @@
-"""The built-in speed plugins, in the order their hooks run (``ablate.plugin``): numerics first
+"""The built-in speed plugins, in the order their hooks run (``ablate.plugins``): numerics first
 (they decide TrainingArguments), then what wraps the model (the prefix cache before the
 embedding rows it excludes), batching, evaluation, and dropout (it needs the Trainer's device).
 Training's meter wraps the collator after them all, outermost."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ablate.errors import AblateError
-from ablate.plugin import Context, Plugin
+from ablate.plugins import Context, Plugin
 
 
 def cpu_bf16() -> bool:

@@ -10,9 +10,9 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PrinterCallback
 
-from ablate import plugin
+from ablate import plugins
 from ablate.lrstudy.pruning import callbacks as lr_trial_callbacks
-from ablate.plugin import Context
+from ablate.plugins import Context
 from ablate.quiet import quieted
 from ablate.strategies.base import Applied, build_optimizer
 from ablate.tasks import Task
@@ -134,7 +134,7 @@ def build_trainer(
         cfg, task, applied, applied.model, dict(features), tokenizer, record, device,
         task.collator(tokenizer), callbacks,
     )  # fmt: skip
-    active = plugin.active()
+    active = plugins.active()
     fields = {k: v for p in active for k, v in p.arguments(ctx).items()}
     ctx.args = training_arguments(cfg, output_dir, device, **fields)
     status = {k: v for p in active for k, v in p.prepare(ctx).items()}

@@ -5,7 +5,7 @@ time per epoch, and the run's executed training FLOPs (``train_flops``; with
 Always on, part of every run's training: it changes nothing a run computes. ``CountingCollator``
 counts the collated training batches, or, where a Trainer mixin computes other rows than it
 collated (packed rows, sub-batches), that mixin counts what it computes (``BatchStats.by_trainer``;
-the collator's ``stats`` is what ``ablate.plugin.CORE_PROVIDES`` names).
+the collator's ``stats`` is what ``ablate.plugins.CORE_PROVIDES`` names).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import set_seed
 
-from ablate import plugin, strategies, switches, tasks
+from ablate import plugins, strategies, switches, tasks
 from ablate.data.dataset import Encoded, default_dir, encode_splits
 from ablate.data.encode import count_scored
 from ablate.data.files import SplitFiles, extra_test_paths, locate
@@ -139,9 +139,9 @@ def prepare(cfg: DictConfig) -> Prepared:
 
     applied = strategies.apply(build(cfg.model, task.model_class, task.labels), cfg.freeze)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ctx = plugin.Context(cfg, task, applied, applied.model, {}, tokenizer, None, device,
+    ctx = plugins.Context(cfg, task, applied, applied.model, {}, tokenizer, None, device,
                          task.collator)  # fmt: skip
-    for each in plugin.active():
+    for each in plugins.active():
         each.check(ctx)
     return Prepared(
         task,
