@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,16 @@ def test_cli_bad_option_exits_nonzero_listing_allowed_values(tmp_path):
     proc = run_cli("freeze=frist2", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
     assert "Available options in 'freeze'" in proc.stderr and "first4" in proc.stderr
+
+
+def test_config_loads_no_strategy_until_the_schema_is_read_and_then_holds_their_keys():
+    # config sits below the strategies: they declare the freeze keys (ablate.freeze_keys) and
+    # the schema imports them by name when first built, without torch (--help builds it too)
+    probe = (
+        "import sys\nimport ablate.config as c\n"
+        "print(sorted(m for m in sys.modules if m.startswith('ablate.strategies')))\n"
+        "keys = dict(c.schema_keys())\n"
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)), 'freeze.r' in keys)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert proc.stdout.splitlines() == ["[]", "[] True"], proc.stderr

@@ -18,7 +18,7 @@ from ablate import strategies, tasks
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build
-from ablate.strategies import peft_methods
+from ablate.strategies import peft_build, peft_methods
 from ablate.tasks.pos import UPOS
 from ablate.training import keep
 
@@ -91,13 +91,13 @@ def test_default_targets_per_architecture():
 
     def in_block_0(option: str) -> list[str]:
         cfg = compose_cfg(f"freeze={option}").freeze
-        found = peft_methods.targets(model, cfg, peft_methods.METHODS[option])
+        found = peft_build.targets(model, cfg, peft_methods.METHODS[option])
         return sorted(n.split(".layer.0.")[1] for n in found if ".layer.0." in n)
 
     assert in_block_0("lora") == ["attention.q_lin", "attention.v_lin"]
     assert in_block_0("ia3") == ["attention.k_lin", "attention.v_lin", "ffn.lin2"]
     assert in_block_0("ln_tuning") == ["output_layer_norm", "sa_layer_norm"]
-    assert "distilbert.embeddings.LayerNorm" in peft_methods.targets(
+    assert "distilbert.embeddings.LayerNorm" in peft_build.targets(
         model, compose_cfg("freeze=ln_tuning").freeze, peft_methods.METHODS["ln_tuning"]
     )
 
@@ -105,12 +105,16 @@ def test_default_targets_per_architecture():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["freeze=ia3", "freeze.r=4"],
-         r"freeze\.r=4 has no effect with freeze\.strategy=ia3 \(its keys: target_modules, "
-         r"feedforward_modules\)"),
-        (["freeze=lora", "freeze.d_initial=0.5"],
-         r"freeze\.d_initial=0\.5 has no effect .*strategy=lora \(its keys: r, alpha, dropout, "
-         r"target_modules\)"),
+        (
+            ["freeze=ia3", "freeze.r=4"],
+            r"freeze\.r=4 has no effect with freeze\.strategy=ia3 \(its keys: target_modules, "
+            r"feedforward_modules\)",
+        ),
+        (
+            ["freeze=lora", "freeze.d_initial=0.5"],
+            r"freeze\.d_initial=0\.5 has no effect .*strategy=lora \(its keys: r, alpha, dropout, "
+            r"target_modules\)",
+        ),
         (["freeze=vera", "freeze.init_r=4"], r"freeze\.init_r=4 has no effect .*strategy=vera"),
         (["freeze=loha", "freeze.dropout=0.2"], r"freeze\.dropout=0\.2 has no effect"),
         (["freeze=adalora", "freeze.init_r=4"], r"freeze\.init_r=4 < freeze\.r=8"),
@@ -118,13 +122,17 @@ def test_default_targets_per_architecture():
         (["freeze=adalora", "freeze.delta_t=0"], r"freeze\.delta_t=0: must be a positive"),
         (["freeze=vera", "freeze.r=0"], r"freeze\.r=0: must be a positive integer"),
         (["freeze=dora", "freeze.dropout=1.0"], r"freeze\.dropout=1\.0: must be in \[0, 1\)"),
-        (["freeze=ln_tuning", "freeze.target_modules=[query]"],
-         r"freeze\.target_modules=\['query'\]: \['query'\]; allowed: the encoder's LayerNorm "
-         r"layers .*: LayerNorm"),
-        (["freeze=ia3", "freeze.target_modules=[key]", "freeze.feedforward_modules=[value]"],
-         r"freeze\.feedforward_modules=\['value'\] must name targets"),
+        (
+            ["freeze=ln_tuning", "freeze.target_modules=[query]"],
+            r"freeze\.target_modules=\['query'\]: \['query'\]; allowed: the encoder's LayerNorm "
+            r"layers .*: LayerNorm",
+        ),
+        (
+            ["freeze=ia3", "freeze.target_modules=[key]", "freeze.feedforward_modules=[value]"],
+            r"freeze\.feedforward_modules=\['value'\] must name targets",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_settings_are_clear_errors(overrides, message):
     cfg = compose_cfg("model=tiny", *overrides)
     model = build(cfg.model, tasks.get("pos").model_class, UPOS)
@@ -169,9 +177,14 @@ def test_every_method_trains_on_every_task(slice_root, task_root, store, task): 
 
 def test_adalora_prunes_to_its_budget_over_the_run(slice_root, store, tmp_path):
     _, prepared = train(
-        slice_root, store, tmp_path, "freeze=adalora", "freeze.tinit=0.2", "freeze.tfinal=0.3",
+        slice_root,
+        store,
+        tmp_path,
+        "freeze=adalora",
+        "freeze.tinit=0.2",
+        "freeze.tfinal=0.3",
         "trainer.lr=5e-3",
-    )  # fmt: skip
+    )
     model = prepared.applied.model
     config = model.peft_config["default"]
     steps = config.total_step  # the run's: 2 epochs of the slice

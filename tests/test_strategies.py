@@ -9,11 +9,12 @@ from helpers.models import NEW, C, bert_parts, build, expected_counts
 from helpers.runs import compose_cfg
 from transformers import DistilBertConfig
 
-from ablate import strategies
+from ablate import config, freeze_keys, report, strategies
 from ablate.errors import AblateError
+from ablate.freeze_keys import Key
 from ablate.models import anatomy
 from ablate.models.build import build as build_model
-from ablate.strategies import peft_methods
+from ablate.strategies import peft_build, peft_methods
 from ablate.tasks import TASKS
 
 
@@ -82,15 +83,15 @@ def test_bilstm_head_on_a_frozen_minilm_counts():
 
 def test_lora_targets_default_per_architecture_and_are_checked(minilm):
     lora = peft_methods.METHODS["lora"]
-    found = peft_methods.targets(minilm, compose_cfg("freeze=lora").freeze, lora)
+    found = peft_build.targets(minilm, compose_cfg("freeze=lora").freeze, lora)
     assert len(found) == 2 * 6 and {n.rsplit(".", 1)[1] for n in found} == {"query", "value"}
     distil = DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=37, num_labels=C)
     distil_model = TASKS["pos"].model_class.from_config(distil)
-    found = peft_methods.targets(distil_model, compose_cfg("freeze=lora").freeze, lora)
+    found = peft_build.targets(distil_model, compose_cfg("freeze=lora").freeze, lora)
     assert len(found) == 2 * 2 and {n.rsplit(".", 1)[1] for n in found} == {"q_lin", "v_lin"}
     cfg = compose_cfg("freeze=lora", "freeze.target_modules=[query,qkv]").freeze
     with pytest.raises(AblateError, match=r"freeze\.target_modules=.*\['qkv'\].*query, value"):
-        peft_methods.targets(minilm, cfg, lora)
+        peft_build.targets(minilm, cfg, lora)
 
 
 @pytest.mark.parametrize(
@@ -116,3 +117,32 @@ def test_unknown_head_is_a_clear_error():
         build(compose_cfg("model=tiny", "model.head=crf"))
     with pytest.raises(AblateError, match=r"model\.lstm_hidden=5 sizes the bilstm head, but "):
         build(compose_cfg("model=tiny", "model.lstm_hidden=5"))  # ignored by the linear head
+
+
+def test_each_key_is_declared_once_and_its_doc_names_the_strategies_that_read_it():
+    keys = dict(config.schema_keys())
+    assert keys["freeze.r"].metadata["doc"] == (
+        "vera, lora, dora, adalora, loha, lokr: rank (adalora: the average rank it ends at)"
+    )
+    assert keys["freeze.decay"].metadata["doc"].startswith("llrd: lr x decay")
+    assert keys["freeze.first"].metadata["doc"].startswith("layers, llrd: ")
+    assert keys["freeze.init_r"].metadata["added"] and not keys["freeze.r"].metadata["added"]
+    for name, readers in freeze_keys.READERS.items():
+        assert f"freeze.{name}" in keys
+        assert all(name in strategies.STRATEGIES[r].keys for r in readers)
+    # another declaration of a declared key, or a name nothing declared, is refused whole
+    twice = strategies.Strategy("rank4", "x:y", (Key("n", int, 1, "new"), Key("r", int, 4, "r")))
+    with pytest.raises(AblateError, match=r"freeze\.r: declared twice"):
+        strategies.register(twice)
+    with pytest.raises(AblateError, match=r"freeze\.rank is not declared"):
+        strategies.register(strategies.Strategy("rank", "x:y", ("rank",)))
+    assert "n" not in freeze_keys.KEYS and "rank4" not in strategies.STRATEGIES
+
+
+def test_the_report_order_is_the_order_the_strategies_declare():
+    # full fine-tuning, least to most frozen, bitfit, the peft methods, llrd and gradual
+    today = "none embeddings first2 first4 alt last2 all features head_only bitfit ln_tuning ia3 "
+    today += "vera lora lora_qkv dora adalora loha lokr llrd gradual"
+    assert tuple(today.split()) == report.STRATEGY_ORDER
+    ordered = report.strategy_order(["zeta", "lora", "none", "alpha"])
+    assert ordered == ["none", "lora", "alpha", "zeta"]

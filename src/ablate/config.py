@@ -4,15 +4,17 @@ The schemas are registered in Hydra's ConfigStore as ``ablate_schema``; ``conf/t
 first in its defaults, so every group option is merged onto a typed node and a misspelt key or a
 wrong type fails at composition, before any work starts. Every key carries its one-line doc and
 the flags the rest of the code derives from (``key``): whether it is part of a run's identity,
-and whether runs that differ in it are different settings. The switches are added from their
-declarations (``ablate.switches``: the core's, then those of ``ablate.speed`` and extensions,
-loaded first by ``register``), so no list of them is kept anywhere else.
+and whether runs that differ in it are different settings. The switches and the freeze keys are
+added from their declarations (``ablate.switches``: the core's, then those of ``ablate.speed`` and
+extensions; ``ablate.freeze_keys``: the strategies'), loaded first by ``register`` when the schema
+is first read, so no list of them is kept anywhere else.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import os
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -26,7 +28,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ablate import extensions, switches
+from ablate import extensions, freeze_keys, switches
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Tags of a run trained at the lr its strategy's study picked (``lr_study``): that trial's id,
@@ -161,51 +163,16 @@ class ModelConfig:
 
 
 @dataclass
-class FreezeConfig:
+class FreezeCore:
     """Which parts of the encoder train, and how (``conf/freeze``).
 
     ``strategy=layers``: the union of the block selectors freezes. Other strategies read their own
-    keys below; setting a key that the chosen strategy ignores is an error. The head always trains.
+    keys, declared with them (``ablate.freeze_keys``); setting a key that the chosen strategy
+    ignores is an error. The head always trains.
     """
 
     name: str = key(doc="short name used in run names and the `freeze` param")
     strategy: str = key("layers", "the strategy family (ablate.strategies)")
-    all: bool = key(False, "freeze every transformer block")
-    first: int = key(0, "freeze blocks 0..first-1")
-    last: int = key(0, "freeze the last `last` blocks")
-    every: int = key(0, "freeze blocks 0, every, 2*every, ... (2: alternating)")
-    layers: list[int] = key([], "freeze these block indices")
-    embeddings: bool = key(False, "also freeze the embedding layer")
-    r: int = key(8, "rank (lora, dora, loha, lokr, vera); adalora: the average rank it ends at")
-    alpha: int = key(16, "lora, dora, adalora: adapters scaled by alpha/r; loha, lokr: alpha")
-    dropout: float = key(0.1, "dropout on the adapters' input (lora, dora, adalora, vera)")
-    target_modules: list[str] | None = key(
-        None, "the encoder's modules a peft method adapts, by the last part of their name "
-        "(`query`) or their path inside a block (`output.dense`); null = the method's default "
-        "for the architecture",
-    )  # fmt: skip
-    feedforward_modules: list[str] | None = key(
-        None, "ia3: targets whose input is rescaled (the rest: their output); null = the "
-        "feed-forward output layer, where targeted", added=True,
-    )  # fmt: skip
-    init_r: int = key(12, "adalora: the rank each adapter starts at", added=True)
-    tinit: float = key(
-        0.0, "adalora: share of the run's steps before its rank budget starts to fall",
-        added=True,
-    )  # fmt: skip
-    tfinal: float = key(
-        0.0, "adalora: share of the run's steps, at the end, trained at the final budget",
-        added=True,
-    )  # fmt: skip
-    delta_t: int = key(1, "adalora: steps between two reallocations of the budget", added=True)
-    orth_reg_weight: float = key(
-        0.5, "adalora: weight of the orthogonality penalty on its singular vectors", added=True
-    )
-    d_initial: float = key(0.1, "vera: initial value of its scaling vector d", added=True)
-    decay: float = key(0.9, "llrd: lr x decay^(depth from the top) per block")
-    schedule: list[int] | None = key(
-        None, "gradual: top blocks trainable in epoch 1, 2, ...; null = 0, 1, 2, ..."
-    )
 
 
 @dataclass
@@ -293,28 +260,33 @@ class LrStudyConfig:
 
 
 def _with_switches(name: str, core: type, group: str) -> type:
-    """``core`` plus a field per switch of ``group`` (``ablate.switches``)."""
-    fields = [
-        (
-            s.name,
-            s.type,
-            key(s.default, s.doc, identity=s.in_identity, setting=not s.comparable, added=s.added),
-        )
-        for s in switches.in_group(group)
-    ]
+    """``core`` plus a field per switch of ``group`` (``ablate.switches``), or for ``freeze``
+    per key the strategies declared (``ablate.freeze_keys``)."""
+    if group == "freeze":
+        fields = [
+            (k.name, k.type, key(k.default, freeze_keys.doc(k.name), added=k.added))
+            for k in freeze_keys.KEYS.values()
+        ]
+    else:
+        fields = [
+            (s.name, s.type, key(s.default, s.doc, identity=s.in_identity,
+                                 setting=not s.comparable, added=s.added))
+            for s in switches.in_group(group)
+        ]
     made = make_dataclass(name, fields, bases=(core,))
     made.__module__ = __name__  # pickled by reference (a parallel launcher's workers)
     return made
 
 
-def _train_config(data: type, trainer: type) -> type:
-    """The whole run's schema (``conf/train.yaml``), over the given data and trainer groups."""
+def _train_config(data: type, freeze: type, trainer: type) -> type:
+    """The whole run's schema (``conf/train.yaml``), over the given data, freeze and trainer
+    groups."""
     made = make_dataclass(
         "TrainConfig",
         [
             ("data", data, field(default=MISSING)),
             ("model", ModelConfig, field(default=MISSING)),
-            ("freeze", FreezeConfig, field(default=MISSING)),
+            ("freeze", freeze, field(default=MISSING)),
             ("trainer", trainer, field(default_factory=trainer)),
             ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),
             ("lr_study", LrStudyConfig, field(default_factory=LrStudyConfig)),
@@ -334,15 +306,21 @@ def _train_config(data: type, trainer: type) -> type:
     return made
 
 
-# The groups' schemas; ``register`` puts in data's and trainer's, with the switches' fields.
-GROUPS: dict[str, type] = {"data": DataCore, "model": ModelConfig, "freeze": FreezeConfig,
-                           "trainer": TrainerCore, "tracking": TrackingConfig,
-                           "lr_study": LrStudyConfig}  # fmt: skip
-_registered_switches = -1  # how many switches the registered schema holds
+# The groups' schemas; ``register`` puts in data's, freeze's and trainer's, with their keys.
+GROUPS: dict[str, type] = {
+    "data": DataCore, "model": ModelConfig, "freeze": FreezeCore, "trainer": TrainerCore,
+    "tracking": TrackingConfig, "lr_study": LrStudyConfig,
+}  # fmt: skip
+_registered = (-1, -1)  # the switches and freeze keys the registered schema holds
+
+
+def _declared() -> tuple[int, int]:
+    return len(switches.SWITCHES), len(freeze_keys.KEYS)
 
 
 def schema_keys() -> Iterator[tuple[str, dataclasses.Field]]:
     """Every leaf key of the schema as (dotted name, its field), groups in schema order."""
+    register()
     for f in dataclasses.fields(TrainConfig):
         if f.name in GROUPS:
             for sub in dataclasses.fields(GROUPS[f.name]):
@@ -360,26 +338,40 @@ def flags(name: str) -> dict[str, Any]:
 
 
 def register() -> None:
-    """Load the extensions not loaded yet (``ablate.extensions``), then register resolvers and
-    the schema with every switch declared so far; again only where a switch was declared since
-    (an extension loaded later)."""
-    global DataConfig, TrainerConfig, TrainConfig, _registered_switches
+    """Load the strategies and the extensions not loaded yet (``ablate.extensions``), then
+    register resolvers and the schema with every switch and freeze key declared so far; again
+    only where one was declared since (an extension loaded later). Whatever reads the schema
+    calls it: importing this module builds nothing."""
+    global DataConfig, FreezeConfig, TrainerConfig, TrainConfig, _registered
+    # The strategies declare the freeze keys (``ablate.freeze_keys``); they sit above this
+    # module, so they are imported by name when the schema is first built, as extensions are.
+    importlib.import_module("ablate.strategies")
     extensions.load()
-    if _registered_switches == len(switches.SWITCHES):
+    if _registered == _declared():
         return
-    _registered_switches = len(switches.SWITCHES)
+    _registered = _declared()
     _register_resolvers()
     DataConfig = _with_switches("DataConfig", DataCore, "data")
+    FreezeConfig = _with_switches("FreezeConfig", FreezeCore, "freeze")
     TrainerConfig = _with_switches("TrainerConfig", TrainerCore, "trainer")
-    TrainConfig = _train_config(DataConfig, TrainerConfig)
-    GROUPS.update(data=DataConfig, trainer=TrainerConfig)
+    TrainConfig = _train_config(DataConfig, FreezeConfig, TrainerConfig)
+    GROUPS.update(data=DataConfig, freeze=FreezeConfig, trainer=TrainerConfig)
     flags.cache_clear()
     ConfigStore.instance().store(name="ablate_schema", node=TrainConfig)
+
+
+def __getattr__(name: str) -> Any:
+    """The schema's classes (``TrainConfig``, ``FreezeConfig``, ...), built on first use."""
+    if name in ("DataConfig", "FreezeConfig", "TrainerConfig", "TrainConfig"):
+        register()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def compose(*overrides: str, hydra: bool = False) -> DictConfig:
     """The config ``python -m ablate.train`` composes with ``overrides``; ``hydra``: with the
     ``hydra`` node (its sweeper's params)."""
+    register()
     running = GlobalHydra.instance().is_initialized()  # in an app (a sweep ending): its own
     with nullcontext() if running else initialize_config_dir(str(conf_dir()), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
@@ -388,12 +380,10 @@ def compose(*overrides: str, hydra: bool = False) -> DictConfig:
 def composed(*overrides: str) -> DictConfig:
     """``compose(*overrides)`` once per process, conf/ folder and schema (composing takes a third
     of a second; a sweep's jobs and a report ask again): shared, so read only."""
-    return _composed(str(conf_dir()), len(switches.SWITCHES), overrides)
+    register()
+    return _composed(str(conf_dir()), _declared(), overrides)
 
 
 @functools.cache
-def _composed(conf: str, n_switches: int, overrides: tuple[str, ...]) -> DictConfig:
+def _composed(conf: str, declared: tuple[int, int], overrides: tuple[str, ...]) -> DictConfig:
     return compose(*overrides)
-
-
-register()

@@ -30,14 +30,15 @@ PAGE_W = 18.0
 
 def palette(strategies) -> dict[str, str]:
     """A fixed colour per strategy (same in every chart and report); the baseline is black."""
-    known = list(STRATEGY_ORDER[1:])
     # tab10 without its grey (the colour of seed dots), plus tab20b's darks and mids for the rest.
     base = [c for i, c in enumerate(sns.color_palette("tab10").as_hex()) if i != 7]
     base += ["#393b79", "#637939", "#8c6d31", "#7b4173", "#843c39", "#5254a3", "#8ca252"]
     base += ["#bd9e39", "#ad494a", "#a55194", "#6b6ecf"]
-    extra = sorted(set(strategies) - set(STRATEGY_ORDER))
-    more = sns.color_palette("husl", len(extra)).as_hex() if extra else []
-    colours = {s: c for s, c in zip(known + extra, base + more, strict=True)}
+    # the strategies' options in their order, then any others: husl beyond the base colours
+    named = [*STRATEGY_ORDER[1:], *sorted(set(strategies) - set(STRATEGY_ORDER))]
+    n_more = len(named) - len(base)
+    more = sns.color_palette("husl", n_more).as_hex() if n_more > 0 else []
+    colours = dict(zip(named, base + more, strict=False))
     colours[STRATEGY_ORDER[0]] = BASELINE_COLOR
     return {s: colours.get(s, BASELINE_COLOR) for s in strategies}
 

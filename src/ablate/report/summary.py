@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ablate import strategies
 from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import recipe
@@ -24,19 +25,17 @@ from ablate.report.stats import N_BOOT, Predictions
 from ablate.tracking.params import option_keys, settings
 
 BASELINE = "none"
-# Full fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
-STRATEGY_ORDER = (
-    "none", "embeddings", "first2", "first4", "alt", "last2", "all", "features", "head_only",
-    "bitfit", "ln_tuning", "ia3", "vera", "lora", "lora_qkv", "dora", "adalora", "loha", "lokr",
-    "llrd", "gradual",
-)  # fmt: skip
+# The freeze options in the order their strategies declare them (``ablate.strategies``): full
+# fine-tuning first, then from least to most frozen, then the parameter-efficient methods.
+STRATEGY_ORDER = strategies.report_order()
 _EXCLUDED_COLUMNS = ["run_name", "data", "model", "freeze", "seed", "status", "reason"]
 
 
 def strategy_order(names: Iterable[str]) -> list[str]:
-    """``names`` in the report's order: ``STRATEGY_ORDER`` first, any others alphabetically."""
-    names = set(names)
-    return [s for s in STRATEGY_ORDER if s in names] + sorted(names - set(STRATEGY_ORDER))
+    """``names`` in the report's order: the strategies' (an extension's too) first, any others
+    alphabetically."""
+    names, order = set(names), strategies.report_order()
+    return [s for s in order if s in names] + sorted(names - set(order))
 
 
 @dataclass

@@ -10,8 +10,6 @@ from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.strategies.base import Applied, describe, train_everything
 
-SELECTORS = ("all", "first", "last", "every", "layers", "embeddings")
-
 
 def frozen_block_indices(cfg: DictConfig, n_blocks: int) -> list[int]:
     """The union of the block selectors in ``cfg``, checked against the model's ``n_blocks``."""

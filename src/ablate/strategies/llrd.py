@@ -5,7 +5,6 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from torch import nn
 
-from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.strategies.base import Applied, ParamGroup, describe
 from ablate.strategies.layers import freeze_layers
@@ -16,9 +15,8 @@ def freeze_llrd(model: nn.Module, cfg: DictConfig) -> Applied:
 
     The head and the top block train at the full lr. The layer selectors still apply (default:
     nothing frozen), so ``freeze.first=2`` with llrd freezes blocks 0-1 and decays the rest.
+    ``freeze.decay`` is checked with its declaration (``ablate.strategies``).
     """
-    if not 0 < cfg.decay <= 1:
-        raise AblateError(f"freeze.decay={cfg.decay}: must be in (0, 1] (1 = no decay)")
     freeze_layers(model, cfg)
     blocks = anatomy.blocks(model)
     n = len(blocks)
