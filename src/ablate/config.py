@@ -93,9 +93,14 @@ def _register_resolvers() -> None:
 
 
 def key(
-    default: Any = MISSING, doc: str = "", *, identity: bool = True, setting: bool = True,
-    added: bool = False, option_input: bool = False,
-) -> Any:  # fmt: skip
+    default: Any = MISSING,
+    doc: str = "",
+    *,
+    identity: bool = True,
+    setting: bool = True,
+    added: bool = False,
+    option_input: bool = False,
+) -> Any:
     """A schema field with its doc and flags.
 
     ``identity=False``: where a run goes or how it is scheduled, not what it computes (left out
@@ -105,8 +110,8 @@ def key(
     the options whose files interpolate it (``${.treebank}``); with any other option, setting it
     is an error (``ablate.pinned``).
     """
-    meta = {"doc": doc, "identity": identity, "setting": setting and identity, "added": added,
-            "option_input": option_input}  # fmt: skip
+    setting = setting and identity
+    meta = dict(doc=doc, identity=identity, setting=setting, added=added, option_input=option_input)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -128,17 +133,21 @@ class DataCore:
     name: str = key(doc="short name used in run names and the `data` param")
     task: str = key("pos", "`pos`, `ner`, `sst2` (ablate.tasks)")
     root: str = key(
-        "${ablate.data_root:}", "folder laid out like `ud/UD_<Name>/`; `$ABLATE_DATA_DIR`, else "
-        "the user cache (`conf/local/` may set it)", identity=False,
-    )  # fmt: skip
+        "${ablate.data_root:}",
+        "folder laid out like `ud/UD_<Name>/`; `$ABLATE_DATA_DIR`, else "
+        "the user cache (`conf/local/` may set it)",
+        identity=False,
+    )
     dir: str = key(doc="folder of the split files, relative to `data.root`")
     treebank: str | None = key(
-        None, "UD folder name (required with `data=ud`; the other options fix their own)",
+        None,
+        "UD folder name (required with `data=ud`; the other options fix their own)",
         option_input=True,
-    )  # fmt: skip
+    )
     version: str | None = key(None, "release of the pinned files (UD version)")
-    splits: dict[str, SplitFile] = key({}, "pinned files per split (file, url, sha256); empty = "
-                                       "found by the UD naming pattern")  # fmt: skip
+    splits: dict[str, SplitFile] = key(
+        {}, "pinned files per split (file, url, sha256); empty = found by the UD naming pattern"
+    )
     # No labelled test file (GLUE): hold out this share of train as test, drawn with split_seed,
     # a data setting and not the run's seed, so every run of a grid scores the same test set.
     test_from_train: float | None = key(None, "hold out this share of train as the test set")
@@ -154,8 +163,9 @@ class ModelConfig:
     """The encoder (``conf/model``)."""
 
     name: str = key(doc="short name used in run names and the `model` param")
-    name_or_path: str = key(doc="hub id or local folder (config, tokenizer, weights)",
-                            setting=False)  # fmt: skip
+    name_or_path: str = key(
+        doc="hub id or local folder (config, tokenizer, weights)", setting=False
+    )
     pretrained: bool = key(True, "false: random weights from the (overridden) config")
     config_overrides: dict[str, Any] = key({}, "config fields to change (hidden size, ...)")
     head: str = key("linear", "task head: `linear` (as the studies) or `bilstm`")
@@ -186,21 +196,26 @@ class TrainerCore:
     weight_decay: float = key(0.01, "AdamW weight decay")
     warmup_ratio: float = key(0.0, "share of steps with linear warm-up, in [0, 1)")
     threads: int | None = key(
-        None, "torch CPU threads; null = the CPUs this process may use, divided among a parallel "
-        "launcher's workers", setting=False,
-    )  # fmt: skip
+        None,
+        "torch CPU threads; null = the CPUs this process may use, divided among a parallel "
+        "launcher's workers",
+        setting=False,
+    )
     omp_wait_policy: str = key(
-        "auto", "`passive`: idle OpenMP threads sleep at once, so a run sharing its cores slows by "
+        "auto",
+        "`passive`: idle OpenMP threads sleep at once, so a run sharing its cores slows by "
         "its share of them, not ~4x (docs/operations.md); `inherit`: the environment's "
         "OMP_WAIT_POLICY, else OpenMP's spin-then-sleep (fastest alone); `auto`: passive when "
-        "other work keeps half a CPU busy at the start", identity=False,
-    )  # fmt: skip
+        "other work keeps half a CPU busy at the start",
+        identity=False,
+    )
     checkpoints: bool = key(True, "keep the last epoch's checkpoint until the run finishes")
     resume: bool = key(False, "continue the newest KILLED run of the same config", identity=False)
     keep_model: bool = key(
-        True, "log the final model (the best epoch's, with early stopping) as an MLflow model",
+        True,
+        "log the final model (the best epoch's, with early stopping) as an MLflow model",
         identity=False,
-    )  # fmt: skip
+    )
     early_stopping_patience: int | None = key(
         None, "stop after N epochs without a better primary dev metric; best epoch restored"
     )
@@ -245,34 +260,33 @@ class LrStudyConfig:
     )
     range: list[float] = _study_key([1e-5, 1e-3], "[low, high] lr a study searches (log scale)")
     storage: str | None = _study_key(
-        None, "Optuna storage (a database URL) the studies persist in; null = `lr_study.db` "
+        None,
+        "Optuna storage (a database URL) the studies persist in; null = `lr_study.db` "
         "beside a sqlite tracking store, or a team server's own (`make server`)",
-    )  # fmt: skip
+    )
     pruner: str = _study_key(
-        "median", "`median`: stop a trial whose dev metric is below the median of earlier "
+        "median",
+        "`median`: stop a trial whose dev metric is below the median of earlier "
         "trials' at the same epoch; `none`: every trial trains all its epochs",
-    )  # fmt: skip
+    )
     prune_from_epoch: int = _study_key(2, "the first epoch after which a trial may be pruned")
     widen: int = _study_key(
-        2, "times a best lr in the outer tenth of the range (log scale) widens it 10x at that "
+        2,
+        "times a best lr in the outer tenth of the range (log scale) widens it 10x at that "
         "edge and the study goes on",
-    )  # fmt: skip
+    )
 
 
 def _with_switches(name: str, core: type, group: str) -> type:
     """``core`` plus a field per switch of ``group`` (``ablate.switches``), or for ``freeze``
     per key the strategies declared (``ablate.freeze_keys``)."""
-    if group == "freeze":
-        fields = [
-            (k.name, k.type, key(k.default, freeze_keys.doc(k.name), added=k.added))
-            for k in freeze_keys.KEYS.values()
-        ]
-    else:
-        fields = [
-            (s.name, s.type, key(s.default, s.doc, identity=s.in_identity,
-                                 setting=not s.comparable, added=s.added))
-            for s in switches.in_group(group)
-        ]
+    fields = [
+        (k.name, k.type, key(k.default, freeze_keys.doc(k.name), added=k.added))
+        for k in (freeze_keys.KEYS.values() if group == "freeze" else ())
+    ]
+    for s in switches.in_group(group):
+        flags = {"identity": s.in_identity, "setting": not s.comparable, "added": s.added}
+        fields.append((s.name, s.type, key(s.default, s.doc, **flags)))
     made = make_dataclass(name, fields, bases=(core,))
     made.__module__ = __name__  # pickled by reference (a parallel launcher's workers)
     return made
@@ -281,6 +295,7 @@ def _with_switches(name: str, core: type, group: str) -> type:
 def _train_config(data: type, freeze: type, trainer: type) -> type:
     """The whole run's schema (``conf/train.yaml``), over the given data, freeze and trainer
     groups."""
+    finished = "return at once when an identical config has a FINISHED run"
     made = make_dataclass(
         "TrainConfig",
         [
@@ -291,15 +306,7 @@ def _train_config(data: type, freeze: type, trainer: type) -> type:
             ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),
             ("lr_study", LrStudyConfig, field(default_factory=LrStudyConfig)),
             ("seed", int, key(42, "seeds model init, data order and dropout: `seed=1,2,3`")),
-            (
-                "skip_finished",
-                bool,
-                key(
-                    False,
-                    "return at once when an identical config has a FINISHED run",
-                    identity=False,
-                ),  # fmt: skip
-            ),
+            ("skip_finished", bool, key(False, finished, identity=False)),
         ],
     )
     made.__module__ = __name__
@@ -308,9 +315,13 @@ def _train_config(data: type, freeze: type, trainer: type) -> type:
 
 # The groups' schemas; ``register`` puts in data's, freeze's and trainer's, with their keys.
 GROUPS: dict[str, type] = {
-    "data": DataCore, "model": ModelConfig, "freeze": FreezeCore, "trainer": TrainerCore,
-    "tracking": TrackingConfig, "lr_study": LrStudyConfig,
-}  # fmt: skip
+    "data": DataCore,
+    "model": ModelConfig,
+    "freeze": FreezeCore,
+    "trainer": TrainerCore,
+    "tracking": TrackingConfig,
+    "lr_study": LrStudyConfig,
+}
 _registered = (-1, -1)  # the switches and freeze keys the registered schema holds
 
 
@@ -343,8 +354,7 @@ def register() -> None:
     only where one was declared since (an extension loaded later). Whatever reads the schema
     calls it: importing this module builds nothing."""
     global DataConfig, FreezeConfig, TrainerConfig, TrainConfig, _registered
-    # The strategies declare the freeze keys (``ablate.freeze_keys``); they sit above this
-    # module, so they are imported by name when the schema is first built, as extensions are.
+    # the strategies declare the freeze keys; above this module, so imported by name, as extensions
     importlib.import_module("ablate.strategies")
     extensions.load()
     if _registered == _declared():
