@@ -5,6 +5,7 @@ set; the order check of plugins that read what another adds."""
 from __future__ import annotations
 
 import pytest
+from helpers.data import ROOT
 from helpers.runs import compose_cfg
 from helpers.speed import compose
 from omegaconf import OmegaConf
@@ -24,6 +25,9 @@ def test_every_switch_is_declared_once_claimed_by_one_plugin_and_in_the_schema()
     for each in plugins.active():
         assert {switches.BY_KEY[key].plugin for key in each.switches} <= {each.name}
     cfg = compose_cfg()
+    # each default is declared once, with its switch: the recipe's file restates none
+    recipe = OmegaConf.load(ROOT / "conf" / "trainer" / "default.yaml")
+    assert not {s.name for s in switches.in_group("trainer")} & set(recipe), recipe
     for s in switches.SWITCHES:
         assert s.results in switches.RESULTS, s.key
         assert set(s.devices) == set(switches.DEVICES), s.key
@@ -55,8 +59,12 @@ def test_compile_hands_its_mode_to_the_trainer_and_refuses_another(mode):
 
 def test_identity_leaves_out_identical_switches_and_new_keys_at_their_default():
     base = compose()
-    same = compose("trainer.sorted_eval=false", "trainer.cache_frozen_eval=false",
-                   "data.tokenized_cache=false", "trainer.pin_memory=false")  # fmt: skip
+    same = compose(
+        "trainer.sorted_eval=false",
+        "trainer.cache_frozen_eval=false",
+        "data.tokenized_cache=false",
+        "trainer.pin_memory=false",
+    )
     assert identity(base) == identity(same)
     assert identity(base) != identity(compose("trainer.cache_frozen=true"))
     assert identity(base) != identity(compose("trainer.fused_adamw=false"))  # other bits

@@ -81,7 +81,7 @@ SWITCHES: list[Switch] = [
         "`train_flops`)",
         plugin=CORE,
         legacy_identity=True,
-    ),  # fmt: skip
+    ),
     Switch(
         "data.tokenized_cache",
         bool,
@@ -91,7 +91,7 @@ SWITCHES: list[Switch] = [
         "split files kept as read (joblib, in `read/`) and tokenised (Hugging Face datasets "
         "cache files), reused by the next job of a sweep (tag `data.cache`: hit, miss)",
         plugin=CORE,
-    ),  # fmt: skip
+    ),
     Switch(
         "data.tokenized_cache_dir",
         str | None,
@@ -100,7 +100,7 @@ SWITCHES: list[Switch] = [
         IDENTICAL,
         "folder of the tokenised cache; null = <user cache>/ablate/tokenized",
         plugin=CORE,
-    ),  # fmt: skip
+    ),
 ]
 
 
