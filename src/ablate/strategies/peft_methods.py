@@ -1,5 +1,5 @@
-"""Parameter-efficient methods built through peft: LoRA, DoRA, AdaLoRA, LoHa, LoKr, VeRA, (IA)^3
-and LN tuning, one strategy each (``freeze.strategy`` names the method).
+"""Parameter-efficient methods built through peft (``METHODS``), one strategy each
+(``freeze.strategy`` names the method).
 
 Every method freezes the encoder, adds (or, LN tuning, copies) the modules it trains on the
 encoder's ``target_modules`` and trains them with the whole head. The run's artifact
