@@ -150,6 +150,12 @@ def test_a_reader_a_wrong_password_and_no_login_are_refused(team, slice_root, tm
     with pytest.raises(grpc.RpcError) as refused:  # and writes nothing, whatever the call
         storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "rita's")
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    login(*team.ed)  # an editor writes studies, but deletes none (not even its own)
+    storage = remote.TeamStorage(remote.discover(team.uri))
+    made = storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "ed's")
+    with pytest.raises(grpc.RpcError) as refused:
+        storage.delete_study(made)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     login("mallory", "not-a-password-0")
     with pytest.raises(AblateError, match="mallory: wrong user name or password"):
         lrstudy.open_study(cfg)

@@ -39,7 +39,8 @@ def _peer_address(peer: str) -> str:
 
 
 class Members(grpc.ServerInterceptor):
-    """Every call logs in with a member's MLflow credentials; only writers write."""
+    """Every call logs in with a member's MLflow credentials; only the admin and editors write,
+    and only the admin deletes a study (ablate never does: an editor must not wipe others')."""
 
     def __init__(self, users_db: str, logins: str):
         from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
@@ -47,25 +48,33 @@ class Members(grpc.ServerInterceptor):
         self.store = SqlAlchemyStore()
         self.store.init_db(f"sqlite:///{users_db}")
         self.failures = LoginFailures(logins)
-        self.known: dict[tuple[str, str], tuple[float, bool]] = {}
+        self.known: dict[tuple[str, str], tuple[float, str]] = {}
         self.lock = threading.Lock()
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        writes = not details.method.rpartition("/")[2].startswith("Get")
+        if handler is None:  # no such call
+            return None
+        if handler.unary_unary is None:  # Optuna's calls and ours are all unary: refuse others
+            return grpc.unary_unary_rpc_method_handler(
+                lambda request, context: context.abort(
+                    grpc.StatusCode.UNIMPLEMENTED, "no such call"
+                )
+            )
+        call = details.method.rpartition("/")[2]
+        needs = "read" if call.startswith("Get") else "delete" if call == "DeleteStudy" else "write"
         header = dict(details.invocation_metadata).get("authorization", "")
         inner = handler.unary_unary
 
         def checked(request, context):
-            self.check(header, writes, context)
+            self.check(header, needs, context)
             return inner(request, context)
 
         return handler._replace(unary_unary=checked)
 
-    def check(self, header: str, writes: bool, context) -> None:
-        """Abort the call unless ``header`` logs in a member allowed to do it."""
+    def check(self, header: str, needs: str, context) -> None:
+        """Abort the call unless ``header`` logs in a member allowed to ``needs`` (read, write,
+        delete)."""
         scheme, _, token = header.partition(" ")
         try:
             user, colon, password = base64.b64decode(token, validate=True).decode().partition(":")
@@ -78,34 +87,37 @@ class Members(grpc.ServerInterceptor):
         if kind := self.failures.blocked(keys):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"too many failed logins for this {kind}: try again later")  # fmt: skip
-        writer = self._writer(user, password)
-        if writer is None:
+        role = self._role(user, password)
+        if role is None:
             self.failures.failed(keys)
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 f"user {user}: wrong user name or password (the MLflow login)",
             )
-        if writes and not writer:
+        if needs == "delete" and role != "admin":
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "only the admin deletes a study")
+        if needs == "write" and role == "reader":
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{user} is a reader of the team server: an lr study writes its trials, which "
                 "needs an editor (make member NAME=... ROLE=editor)",
             )
 
-    def _writer(self, user: str, password: str) -> bool | None:
-        """Whether ``user`` may write (None: a wrong login), remembered for ``CACHE_S``."""
+    def _role(self, user: str, password: str) -> str | None:
+        """``user``'s role (admin, editor or reader; None: a wrong login), remembered for
+        ``CACHE_S``."""
         key = (user, hashlib.sha256(password.encode()).hexdigest())
         with self.lock:
-            until, writer = self.known.get(key, (0.0, False))
+            until, role = self.known.get(key, (0.0, ""))
         if until > time.monotonic():
-            return writer
+            return role
         if not self.store.authenticate_user(user, password):
             return None
         admin, writes = grants(user, self.store)
-        writer = admin or bool(writes)
+        role = "admin" if admin else "editor" if writes else "reader"
         with self.lock:
-            self.known[key] = (time.monotonic() + CACHE_S, writer)
-        return writer
+            self.known[key] = (time.monotonic() + CACHE_S, role)
+        return role
 
 
 def _heartbeats(storage) -> grpc.GenericRpcHandler:
