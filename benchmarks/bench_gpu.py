@@ -9,7 +9,7 @@ machine's GPU, in one command that keeps to a time budget (``--budget-s``).
    ``DataCollatorForTokenClassification``) and ablate with its defaults for the device, one
    process per recipe (``gpu_worker.py``).
 2. **The grid.** The earlier study's 10 jobs (5 strategies x naija, ewt, 1 epoch, MiniLM's
-   shape) as ablate runs them, ``python -m ablate.train --multirun`` with the joblib launcher's
+   shape) as ablate runs them, ``python -m ablate.train --multirun`` with ablate's launcher's
    workers sharing the GPUs, against the plain recipe's, one job after another in one process.
 3. **The profile.** Per recipe and ``--profile-freeze`` strategy, ``torch.profiler`` over
    ``--profile-steps`` optimizer steps (``gpu_profile.py``): per step, the host ops that launch
@@ -258,7 +258,7 @@ def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> Non
     launcher = []
     workers = max(1, args.grid_workers)
     if workers > 1:
-        launcher = ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={workers}"]
+        launcher = ["hydra/launcher=workers", f"hydra.launcher.n_jobs={workers}"]
     cmd = [sys.executable, "-m", "ablate.train", "--multirun", f"freeze={','.join(freezes)}",
            *sweep_data, *common, f"tracking.uri={uri}", f"tracking.experiment={experiment}",
            f"data.tokenized_cache_dir={work / 'grid-tokenized'}",
@@ -268,7 +268,7 @@ def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> Non
     phase = run_phase("grid-ablate", cmd, args, state)
     state["phases"]["grid-ablate"] = phase
     state["grid"]["ablate"] = {
-        "how": f"ablate: `--multirun`, {workers} joblib worker(s) on {where}, "
+        "how": f"ablate: `--multirun`, {workers} worker(s) on {where}, "
                f"CPU threads each: {max(1, usable_cpus() // workers)}",
         "jobs": n, "finished": finished_runs(uri, experiment) if "skipped" not in phase else 0,
         "command": "python -m ablate.train " + " ".join(cmd[4:]), **phase,
@@ -318,7 +318,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--grid-freeze", default=freeze, help="the grid's strategies (the study's)")
     add("--grid-data", default=data, help="the grid's datasets (the study's)")
     add("--grid-train-sentences", type=int, default=2000)
-    add("--grid-workers", type=int, default=5, help="ablate's joblib workers (0: no grid)")
+    add("--grid-workers", type=int, default=5, help="ablate's workers (0: no grid)")
     add("--grid-plain", default="plain", choices=("plain", "plain_bf16"))
     add("--profile-freeze", default="none,lora", help="the profile's strategies")
     add("--profile-steps", type=int, default=20,

@@ -129,7 +129,7 @@ def test_sigterm_to_a_parallel_sweep_stops_its_workers_and_ends_every_run_killed
     sweep = tmp_path / "sweep"
     args = [a for a in recipe(long_root, store) if not a.startswith("trainer.epochs=")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ablate.train", "--multirun", "hydra/launcher=joblib",
+        [sys.executable, "-m", "ablate.train", "--multirun", "hydra/launcher=workers",
          "hydra.launcher.n_jobs=2", "freeze=none,all,first2", *args, "trainer.epochs=20",
          f"hydra.sweep.dir={sweep}"],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,

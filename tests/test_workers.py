@@ -1,8 +1,17 @@
-"""A joblib sweep's workers import the training stack once, before their first job, while the
-sweep prepares its store; every job then runs in one of them (a real tiny sweep)."""
+"""ablate's launcher (``hydra/launcher=workers``): the sweep imports the training stack once and
+forks its workers from itself; every job runs in one of them, and a worker that dies ends the
+sweep and its other jobs (real tiny sweeps)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers.data import ROOT, naija_slice
 from helpers.runs import run_cli, slice_overrides
 from helpers.store import logged_runs, sweep_parents
 from omegaconf import OmegaConf
@@ -10,24 +19,25 @@ from omegaconf import OmegaConf
 from ablate import workers
 
 
-def test_a_joblib_sweeps_jobs_run_in_the_workers_that_preloaded_torch(slice_root, store, tmp_path):
+def test_a_sweeps_jobs_run_in_workers_forked_from_the_preloaded_sweep(slice_root, store, tmp_path):
     proc = run_cli(
-        "--multirun", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "freeze=none,all,first2",
+        "--multirun", "hydra/launcher=workers", "hydra.launcher.n_jobs=2", "freeze=none,all,first2",
         *slice_overrides(slice_root, store, tmp_path),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "without preloading" not in proc.stderr
     records = workers.preloaded(tmp_path / "sweep")
-    # one record per worker, each written after its imports: two processes, torch in each once
+    # two workers, each the sweep's own child, started with the training stack already imported
     assert len(records) == 2 and len({r["pid"] for r in records}) == 2, records
     for record in records:
+        assert record["parent"] == record["sweep"] != record["pid"]
         assert record["modules"] == list(workers.PRELOAD) and record["seconds"] > 0
+        assert set(workers.PRELOAD) <= set(record["loaded"])
         assert record["wait_policy"]  # set before torch loaded, as a job sets it
-    # every job of the sweep ran in one of those preloaded processes, each job once
-    ran = sorted(job for r in records for job in r["jobs"])
-    assert ran == [0, 1, 2]
+    # every job of the sweep ran in one of them, each job once
+    assert sorted(job for r in records for job in r["jobs"]) == [0, 1, 2]
     runs = logged_runs(store)
     assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+    assert {r.data.params["freeze.name"] for r in runs} == {"none", "all", "first2"}
     (parent,) = sweep_parents(store)
     assert parent.info.status == "FINISHED"
     assert "report/accuracy.png" in {a.path for a in _artifacts(store, parent.info.run_id)}
@@ -40,7 +50,42 @@ def _artifacts(store: str, run_id: str) -> list:
     return [f for d in client.list_artifacts(run_id) for f in client.list_artifacts(run_id, d.path)]
 
 
-def test_other_launchers_and_a_single_joblib_worker_are_left_as_they_are(tmp_path):
+@pytest.fixture(scope="module")
+def long_root(tmp_path_factory):
+    """Enough training sentences that a job lasts past a poll."""
+    return naija_slice(tmp_path_factory.mktemp("workers"), "Long", 1500)
+
+
+def test_a_killed_worker_ends_the_sweep_and_its_other_job(long_root, tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ablate.train", "--multirun", "hydra/launcher=workers",
+         "hydra.launcher.n_jobs=2", "freeze=none,all,first2", "data=ud",
+         "data.treebank=UD_Naija-Long", f"data.root={long_root}", "model=tiny",
+         "trainer.epochs=20", f"tracking.uri={store}", f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not all(list(sweep.glob(f"{job}/trainer/checkpoint-*")) for job in (0, 1)):
+        assert time.monotonic() < deadline and proc.poll() is None, "no job trained"
+        time.sleep(0.1)
+    (first,) = [r["pid"] for r in workers.preloaded(sweep) if 0 in r["jobs"]]
+    os.kill(first, signal.SIGKILL)  # what the kernel's OOM killer does
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out[-3000:]
+    assert "BrokenProcessPool" in out
+    runs = {r.data.params["freeze.name"]: r for r in logged_runs(store)}
+    assert sorted(runs) == ["all", "none"]  # no third job started
+    # the other worker was stopped, and its run closed KILLED; the killed one's stays RUNNING
+    assert runs["all"].info.status == "KILLED"
+    assert runs["none"].info.status == "RUNNING"
+    (parent,) = sweep_parents(store)
+    assert parent.info.status in ("FAILED", "KILLED")
+
+
+def test_other_launchers_and_a_single_worker_are_left_as_they_are(tmp_path):
     def config(launcher: dict):
         return OmegaConf.create(
             {"hydra": {"launcher": launcher, "sweep": {"dir": str(tmp_path)}},
@@ -48,12 +93,11 @@ def test_other_launchers_and_a_single_joblib_worker_are_left_as_they_are(tmp_pat
         )  # fmt: skip
 
     basic = {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}
-    assert workers.warm(config(basic)) is False
-    joblib_one = {
-        "_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
-        "n_jobs": 1, "backend": None, "prefer": "processes", "require": None, "verbose": 0,
-        "timeout": None, "pre_dispatch": "2*n_jobs", "batch_size": "auto", "temp_folder": None,
-        "max_nbytes": None, "mmap_mode": "r",
-    }  # fmt: skip
-    assert workers.warm(config(joblib_one)) is False  # one job at a time: no worker to start
+    joblib = {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+              "n_jobs": 2}  # fmt: skip
+    assert workers.start(config(basic)) is False
+    assert workers.start(config(joblib)) is False  # Hydra's own: its workers import themselves
+    one = {"_target_": workers.LAUNCHER, "n_jobs": 1}
+    assert workers.start(config(one)) is False  # one job at a time: they run in the sweep
     assert not (tmp_path / workers.FOLDER).exists()
+    assert workers.count(OmegaConf.create({"_target_": workers.LAUNCHER, "n_jobs": 3})) == 3

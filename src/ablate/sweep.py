@@ -40,16 +40,6 @@ def _prepare(config: DictConfig) -> str:
         raise SystemExit(2) from None  # before any job: one line, no traceback
 
 
-def _warm(config: DictConfig):
-    """Whether a joblib sweep's workers are started and importing (``ablate.workers``).
-    Preloading is only a head start: where it fails, the jobs import as before."""
-    try:
-        return workers.warm(config)
-    except Exception as exc:  # e.g. a joblib whose internals moved: the jobs start as before
-        log.warning("the sweep's workers start without preloading: %r", exc)
-        return False
-
-
 def _report_imports() -> None:
     """The report's imports, while the jobs run in their workers: the report after the last
     job then starts at once."""
@@ -108,7 +98,7 @@ class Sweep(Callback):
 
     def __init__(self) -> None:
         self.parent: dict[str, Any] | None = None
-        self.preloaded = False  # a joblib sweep's workers, started by the sweep (ablate.workers)
+        self.preloaded = False  # the sweep's workers, started by the sweep (ablate.workers)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _prepare(config)
@@ -118,7 +108,8 @@ class Sweep(Callback):
             workers.note_job(num)  # in a preloaded worker: it says which jobs it ran
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.preloaded = _warm(config)  # first: the workers import while the store is prepared
+        # first: the workers (hydra/launcher=workers) fork before this process opens the store
+        self.preloaded = workers.start(config)
         from mlflow.tracking import MlflowClient
 
         from ablate.tracking import parent
@@ -127,7 +118,7 @@ class Sweep(Callback):
         try:
             experiment_id = _prepare(config)
         except SystemExit:
-            workers.release(kill=True)
+            workers.release()
             raise
         uri, sweep_dir = config.tracking.uri, str(Path(config.hydra.sweep.dir).resolve())
         client = MlflowClient(uri)
@@ -156,7 +147,7 @@ class Sweep(Callback):
             threading.Thread(target=_report_imports, name="ablate-report", daemon=True).start()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        workers.release()  # the preloaded workers exit while the report is written
+        workers.release()  # the workers exit while the report is written
         self._end(completed=True)
 
     def _stopped(self, signum: int) -> None:

@@ -1,31 +1,37 @@
-"""Preloaded workers for a ``--multirun`` with the joblib launcher (``hydra/launcher=joblib``).
+"""ablate's launcher of local worker processes (``hydra/launcher=workers``), whose workers start
+preloaded.
 
-The sweep (``ablate.sweep``) starts the launcher's workers as its first step (``warm``), and each
-imports the training stack (torch, transformers, MLflow, ablate's training modules) while the
-sweep still prepares its store and its run; joblib's loky executor keeps those workers, so every
-job of the sweep runs in a process that imported them once. When the last job has ended the
-workers are told to exit (``release``) while the sweep writes its report, instead of at the
-command's exit. Each preloaded worker leaves ``<sweep dir>/.workers/<token>-<pid>.json``: what it
-imported, in how many seconds, and the sweep's jobs it ran. Other launchers (the default, serial
-one; SLURM) are left as they are.
+The sweep (``ablate.sweep``) calls ``start`` as its first step: its own process imports the
+training stack (torch, transformers, MLflow, ablate's training modules) once, takes those objects
+out of the garbage collector's scans, and forks its ``n_jobs`` workers from itself, before it
+opens its store (a forked process must not share its parent's database connections). Every job
+then runs in one of those workers, each of which runs many jobs and imports nothing the sweep
+had imported. The workers are the sweep's own children: a stop signal the sweep receives reaches
+them (``ablate.tracking.signals.pass_on``), and a worker that dies ends the sweep, as joblib's
+did. Each worker leaves ``<sweep dir>/.workers/<token>-<pid>.json``: what it started with and the
+sweep's jobs it ran. Where ``fork`` is not available the workers are spawned and import per
+worker.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
+import gc
 import importlib
 import json
+import logging
+import multiprocessing
 import os
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from ablate.fileio import write_atomic
+from omegaconf import DictConfig
 
 FOLDER = ".workers"
+LAUNCHER = "hydra_plugins.ablate_launcher.PreloadedLauncher"
 # What a job imports first; a model's own modules load when the job builds it.
 PRELOAD = (
     "torch", "mlflow", "transformers", "ablate.tracking.run", "ablate.strategies.peft_methods",
@@ -34,96 +40,167 @@ PRELOAD = (
 # Loaded on a job's first use where installed: the sqlite store's migrations check (alembic),
 # the task's per-label report (scikit-learn), the run's git tags.
 LATER = ("mlflow.store.tracking.sqlalchemy_store", "sklearn.metrics", "git")
-HOLD_S = 60.0  # at most this long a worker waits for the others to take theirs
+
+log = logging.getLogger(__name__)
+
+# The sweep's workers, started by ``start``: a module global, as the launcher is built by Hydra
+# after the sweep's callback has started them, and a pool cannot be pickled with the callback.
+_pool: cf.ProcessPoolExecutor | None = None
+_record: Path | None = None  # in a worker: its record, which lists the jobs it runs
 
 
-def _joblib_args(launcher: DictConfig) -> dict[str, Any] | None:
-    """What Hydra's joblib launcher passes to ``joblib.Parallel``; None for another launcher."""
-    if not str(launcher.get("_target_", "")).endswith("JoblibLauncher"):
+def count(launcher: DictConfig) -> int | None:
+    """How many workers ablate's launcher runs (``n_jobs``; -1 one per usable CPU, -2 all
+    but one, as joblib counts); None for another launcher."""
+    if launcher.get("_target_") != LAUNCHER:
         return None
-    from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
+    from ablate.training.resources import usable_cpus
 
-    args = OmegaConf.to_container(launcher, resolve=True)
-    args.pop("_target_", None)
-    args["backend"] = "loky"  # as the launcher sets it
-    process_joblib_cfg(args)
-    return args
+    n = int(launcher.get("n_jobs") or 1)
+    return n if n > 0 else max(1, usable_cpus() + 1 + n)
 
 
-# The executor whose workers this process preloaded: a module global, as the sweep's callback
-# object travels to the workers with Hydra's context and an executor cannot be pickled.
-_started = None
-_record: Path | None = None  # in a preloaded worker: its record, which lists the jobs it runs
-
-
-def release(kill: bool = False) -> None:
-    """Let the preloaded workers exit now (the jobs are done), without waiting for them;
-    ``kill``: at once, where no job has run (the sweep stopped before its first)."""
-    global _started
-    if _started is not None:
-        _started.shutdown(wait=False, kill_workers=kill)
-        _started = None
-
-
-def warm(config: DictConfig) -> bool:
-    """Start a joblib sweep's workers and their imports, returning at once; False where the
-    launcher is not joblib's or runs one job at a time (its jobs then run in this process)."""
-    global _started
-    args = _joblib_args(config.hydra.launcher)
-    if args is None:
+def start(config: DictConfig) -> bool:
+    """Import the training stack here and fork the sweep's workers from this process; False
+    where the launcher is not ablate's or runs one job at a time (the jobs then run here)."""
+    global _pool, _record
+    workers = count(config.hydra.launcher)
+    if workers is None or workers <= 1:
         return False
-    from joblib import Parallel
+    from ablate.training.resources import set_wait_policy
 
-    # The executor joblib's own Parallel(**args) builds, which the launcher's Parallel(**args)
-    # then reuses (loky keeps a pool whose arguments match): a public way to submit to it
-    # without waiting for the results does not exist.
-    parallel = Parallel(**args)
-    workers = parallel._initialize_backend()
-    executor = getattr(parallel._backend, "_workers", None)
-    if executor is None or workers <= 1:
-        return False
-    folder = str(Path(config.hydra.sweep.dir).resolve() / FOLDER)
-    token, policy = uuid.uuid4().hex[:8], config.trainer.omp_wait_policy
-    for _ in range(workers):
-        executor.submit(preload, folder, token, workers, policy)
-    parallel._backend.terminate()  # this call's temporary files; the workers stay
-    _started = executor
+    policy = set_wait_policy(config)  # before torch loads OpenMP, which the workers inherit
+    forked = "fork" in multiprocessing.get_all_start_methods()
+    t0 = time.perf_counter()
+    if forked:
+        for name in PRELOAD:
+            importlib.import_module(name)
+        for name in LATER:
+            with contextlib.suppress(ImportError):  # a job that needs it says so itself
+                importlib.import_module(name)
+        # The imported modules' objects live as long as the process: a job's full collections
+        # (the Trainer runs one per job) then scan only what the job made, not them again.
+        gc.freeze()
+    seconds = round(time.perf_counter() - t0, 3)
+    folder = Path(config.hydra.sweep.dir).resolve() / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"token": uuid.uuid4().hex[:8], "sweep": os.getpid(), "workers": workers,
+              "wait_policy": policy, "modules": list(PRELOAD) if forked else [],
+              "seconds": seconds}  # fmt: skip
+    _pool = cf.ProcessPoolExecutor(
+        workers, multiprocessing.get_context("fork" if forked else "spawn"),
+        initializer=_begin, initargs=(str(folder), record),
+    )  # fmt: skip
+    _pool.submit(int).result()  # forks all the workers now, before this process opens a store
     return True
 
 
-def preload(folder: str, token: str, workers: int, policy: str) -> dict[str, Any]:
-    """In a worker: what a job does before it loads torch (its OpenMP wait policy, its GPU), then
-    the imports; held until every worker has taken one, so that each worker preloads."""
-    from ablate.training.resources import assign_gpu, set_wait_policy
+def _begin(folder: str, record: dict[str, Any]) -> None:
+    """In a worker as it starts: its GPU (before CUDA starts), then its record (with what it
+    started with: its parent, the modules it has loaded already)."""
+    import sys
 
-    path = Path(folder)
-    path.mkdir(parents=True, exist_ok=True)
-    mine = path / f"{token}-{os.getpid()}.json"
-    record: dict[str, Any] = {"pid": os.getpid(), "started": time.time()}
-    mine.write_text(json.dumps(record))
-    record["wait_policy"] = set_wait_policy(
-        OmegaConf.create({"trainer": {"omp_wait_policy": policy}})
-    )
-    record["gpu"] = assign_gpu(workers=workers)
-    t0 = time.perf_counter()
-    for name in PRELOAD:
-        importlib.import_module(name)
-    for name in LATER:
-        with contextlib.suppress(ImportError):  # a job that needs it says so itself
-            importlib.import_module(name)
-    record.update(modules=list(PRELOAD), seconds=round(time.perf_counter() - t0, 3))
-    held = time.monotonic() + HOLD_S
-    while len(list(path.glob(f"{token}-*.json"))) < workers and time.monotonic() < held:
-        time.sleep(0.05)
-    record["jobs"] = []
-    _write(mine, record)
+    from ablate.training.resources import assign_gpu
+
     global _record
+    mine = Path(folder) / f"{record['token']}-{os.getpid()}.json"
+    done = {"pid": os.getpid(), "parent": os.getppid(), "started": time.time(), **record}
+    loaded = [name for name in PRELOAD if name in sys.modules]
+    done.update(loaded=loaded, gpu=assign_gpu(workers=record["workers"]), jobs=[])
+    _write(mine, done)
     _record = mine
-    return record
+
+
+def launch(launcher, job_overrides, initial_job_idx: int) -> list:
+    """Hydra's launch of a batch of jobs: each in one of the sweep's workers (started by
+    ``start``; with one worker, one job after another in this process). At most one job per
+    worker is handed out at a time, so that after a stop none waits in a queue to start."""
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import configure_log, filter_overrides, setup_globals
+
+    setup_globals()
+    config = launcher.config
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    log.info("Launching jobs, sweep output dir : %s", sweep_dir)
+    for idx, overrides in enumerate(job_overrides):
+        log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
+    jobs = [
+        (initial_job_idx + idx, list(overrides), launcher.hydra_context, config,
+         launcher.task_function, Singleton.get_state())
+        for idx, overrides in enumerate(job_overrides)
+    ]  # fmt: skip
+    if _pool is None:
+        return [execute_job(*job) for job in jobs]
+    return _run(_pool, jobs, count(config.hydra.launcher) or 1)
+
+
+def _run(pool: cf.ProcessPoolExecutor, jobs: list[tuple], workers: int) -> list:
+    # cloudpickle both ways, as joblib's workers do: pickle cannot name the task function (which
+    # hydra.main wraps) nor the config classes Hydra's plugins register in a job's result
+    import pickle
+
+    import cloudpickle
+
+    results: dict[int, Any] = {}
+    running: dict[cf.Future, int] = {}
+    waiting = list(enumerate(jobs))
+    try:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                i, job = waiting.pop(0)
+                running[pool.submit(_execute_pickled, cloudpickle.dumps(job))] = i
+            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                results[running.pop(future)] = pickle.loads(future.result())
+    except BaseException as exc:
+        # a dead worker: the pool has stopped the others (SIGTERM: their runs end KILLED); wait
+        # for them to exit, so that the sweep's report sees their runs closed
+        pool.shutdown(wait=isinstance(exc, cf.process.BrokenProcessPool), cancel_futures=True)
+        raise
+    return [results[i] for i in range(len(jobs))]
+
+
+def _execute_pickled(job: bytes) -> bytes:
+    import pickle
+
+    import cloudpickle
+
+    return cloudpickle.dumps(execute_job(*pickle.loads(job)))
+
+
+def execute_job(idx: int, overrides, hydra_context, config, task_function, singleton_state):
+    """One job, as Hydra's own launchers run it: its config composed with its overrides, its
+    number and id set, then ``run_job``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import run_job, setup_globals
+    from omegaconf import open_dict
+
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+        sweep_config.hydra.job.num = idx
+    HydraConfig.instance().set_config(sweep_config)
+    return run_job(
+        hydra_context=hydra_context, config=sweep_config, task_function=task_function,
+        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
+    )  # fmt: skip
+
+
+def release() -> None:
+    """Let the workers exit now (the jobs are done, or none will run), without waiting."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+        _pool = None
 
 
 def note_job(num: int) -> None:
-    """In a preloaded worker: add job ``num`` of the sweep to the worker's record."""
+    """In a worker: add job ``num`` of the sweep to the worker's record."""
     if _record is not None:
         record = json.loads(_record.read_text())
         record["jobs"].append(num)
@@ -131,10 +208,12 @@ def note_job(num: int) -> None:
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(record))  # whole: a reader never sees half a record
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)  # whole: a reader never sees half a record
 
 
 def preloaded(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of a sweep's preloaded workers (``<sweep dir>/.workers``)."""
+    """The records of a sweep's workers (``<sweep dir>/.workers``)."""
     path = Path(sweep_dir) / FOLDER
     return [json.loads(p.read_text()) for p in sorted(path.glob("*.json"))] if path.is_dir() else []
