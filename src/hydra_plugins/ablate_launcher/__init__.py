@@ -1,13 +1,19 @@
-"""ablate's launcher for ``hydra/launcher=joblib`` (``conf/hydra/launcher/joblib.yaml``): the
-joblib launcher's keys, its jobs run in workers forked from the sweep after it imported the
-training stack (``ablate.workers``). Hydra finds launchers only in the ``hydra_plugins`` package."""
+"""ablate's launcher, ``hydra/launcher=workers`` (``conf/hydra/launcher/workers.yaml``): its jobs
+run in workers forked from the sweep after it imported the training stack (``ablate.workers``).
+Hydra finds launchers only in the ``hydra_plugins`` package."""
 
-from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+from hydra.plugins.launcher import Launcher
 
 
-class PreloadedLauncher(JoblibLauncher):
-    """The joblib launcher whose jobs run in the sweep's preloaded workers where it started
-    them, else in joblib's own (``ablate.workers.launch``)."""
+class PreloadedLauncher(Launcher):
+    """Runs a sweep's jobs in the workers its callback started (``ablate.workers.launch``)."""
+
+    def __init__(self, n_jobs: int = -1) -> None:
+        self.n_jobs = n_jobs
+        self.config = self.task_function = self.hydra_context = None
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
 
     def launch(self, job_overrides, initial_job_idx):
         from ablate import workers
