@@ -32,6 +32,13 @@ def test_the_environment_has_optuna_4_or_later_and_no_hydra_sweeper():
         md.version("hydra-optuna-sweeper")
 
 
+def test_a_study_process_loads_no_torch_only_its_trials_do():
+    # each worker of a study is such a process, and its trials are children that train
+    probe = "import sys, ablate.lrstudy.cli; print({'torch', 'transformers'} & set(sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert proc.stdout.strip() == "set()", proc.stderr[-2000:]
+
+
 def _start(args: list[str], log: Path) -> subprocess.Popen:
     """``python -m ablate.lrstudy ARGS`` started, its output into ``log`` (a pipe nobody reads
     while the test waits would block it)."""
@@ -51,13 +58,13 @@ def _study(args: list[str]) -> optuna.Study:
 
 @pytest.mark.heavy
 def test_a_study_killed_mid_trial_continues_and_two_workers_double_no_trial(
-    slice_root, store, tmp_path
+    slice_root, store, tmp_path, capsys
 ):
     args = [
         *slice_overrides(slice_root, store, tmp_path), "freeze=bitfit", "lr_study.trials=2",
         "lr_study.pruner=none", "lr_study.widen=0", "trainer.epochs=1",
     ]  # fmt: skip
-    logs = [tmp_path / f"worker{i}.log" for i in range(4)]
+    logs = [tmp_path / f"worker{i}.log" for i in range(3)]
     first, second = _start(args, logs[0]), _start(args, logs[1])
     # SIGKILL the first worker (not its trial: a SIGKILL reaches no child) while its trial's
     # run is open.
@@ -94,10 +101,11 @@ def test_a_study_killed_mid_trial_continues_and_two_workers_double_no_trial(
     lrs = sorted(float(r.data.params["trainer.lr"]) for r in runs)
     assert lrs == sorted(t.params["lr"] for t in study.trials if t.number in done)
     assert lrs[0] != lrs[1]  # two workers, each its own draws
-    # Finished: a rerun runs nothing.
-    proc = _start(args, logs[3])
-    out = logs[3].read_text() if proc.wait(timeout=300) == 0 else logs[3].read_text()[-2000:]
-    assert proc.returncode == 0 and len(logged_runs(store)) == len(runs) + killed, out
+    # Finished: a rerun (in this process: the workers above were the processes) runs nothing.
+    capsys.readouterr()
+    assert study_cli.main(args) == 0
+    out = "".join(capsys.readouterr())
+    assert len(logged_runs(store)) == len(runs) + killed, out
     assert "study lr-UD_Naija-Slice-tiny-bitfit-" in out and ": 2 trials, 0 pruned" in out
 
 

@@ -3,7 +3,25 @@
 the per-epoch hook a trial's training reports through. ``python -m ablate.lrstudy`` runs them;
 ``ablate.lrstudy.runs`` reads their trials back from MLflow."""
 
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
 TRIAL_ENV = "ABLATE_LR_TRIAL"  # a trial's process: JSON of storage, study, trial_id, driver pid
 TRIAL_TAG = "lr_trial"  # MLflow tag of a trial's run: "<optuna study>:<trial number>"
 PRUNED_TAG = "ablate.pruned"  # "true" on a pruned trial's run (ended KILLED, not a candidate)
 PRUNED_EPOCH_TAG = "ablate.pruned_epoch"  # the last epoch it trained
+
+
+def pruner(study: DictConfig):
+    """The Optuna pruner ``lr_study`` asks for: ``median`` is Optuna's MedianPruner, comparing
+    from ``prune_from_epoch`` on and once 2 trials have finished. Here, not in ``pruning``: a
+    study's own process then loads no torch or transformers, only its trials do."""
+    import optuna
+
+    if study.pruner == "none":
+        return optuna.pruners.NopPruner()
+    if study.pruner == "median":
+        warmup = study.prune_from_epoch
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=warmup)
+    raise ValueError(f"lr_study.pruner={study.pruner!r}: allowed: median, none")

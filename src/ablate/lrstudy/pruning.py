@@ -14,24 +14,11 @@ import sys
 from omegaconf import DictConfig
 from transformers import TrainerCallback
 
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG, pruner
 from ablate.training.callbacks import epoch_of
 from ablate.training.recorder import Recorder
 
 log = logging.getLogger("ablate")
-
-
-def pruner(study: DictConfig):
-    """The Optuna pruner ``lr_study`` asks for: ``median`` is Optuna's MedianPruner, comparing
-    from ``prune_from_epoch`` on and once 2 trials have finished."""
-    import optuna
-
-    if study.pruner == "none":
-        return optuna.pruners.NopPruner()
-    if study.pruner == "median":
-        warmup = study.prune_from_epoch
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=warmup)
-    raise ValueError(f"lr_study.pruner={study.pruner!r}: allowed: median, none")
 
 
 def callbacks(cfg: DictConfig, record: Recorder, primary: str) -> list[TrainerCallback]:

@@ -48,8 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ablate import tasks
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG, remote
-from ablate.lrstudy.pruning import pruner
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG, pruner, remote
 from ablate.tracking import procs
 from ablate.tracking.identity import identity
 from ablate.tracking.store import prepare
