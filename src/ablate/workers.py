@@ -30,6 +30,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from ablate.fileio import write_atomic
+
 FOLDER = ".workers"
 LAUNCHER = "hydra_plugins.ablate_launcher.PreloadedLauncher"
 # What a job imports first; a model's own modules load when the job builds it.
@@ -208,9 +210,7 @@ def note_job(num: int) -> None:
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)  # whole: a reader never sees half a record
+    write_atomic(path, json.dumps(record))  # whole: a reader never sees half a record
 
 
 def preloaded(sweep_dir: str | Path) -> list[dict[str, Any]]:
