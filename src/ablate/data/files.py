@@ -8,9 +8,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from ablate.config import user_cache
+from ablate.config import DataCore, user_cache
 from ablate.errors import AblateError
 from ablate.fileio import sha256_file
 
@@ -79,101 +77,101 @@ def fetch(url: str, sha256: str | None, dest: Path, hint: str | None = None) -> 
     return dest
 
 
-def _set_root(cfg: DictConfig) -> str:
-    """How to point ``data.root`` at the data of ``cfg``: the advice every data error ends with."""
+def _set_root(data: DataCore) -> str:
+    """How to point ``data.root`` at this dataset's files: the advice every data error ends with."""
     return (
-        f"set data.root to a folder holding {cfg.dir}/ (in {LOCAL_SETTINGS}, which `make setup` "
+        f"set data.root to a folder holding {data.dir}/ (in {LOCAL_SETTINGS}, which `make setup` "
         f"writes; with ABLATE_DATA_DIR; or on the command line)"
     )
 
 
-def _missing(cfg: DictConfig, folder: Path, files: list[str], why: str) -> str:
+def _missing(data: DataCore, folder: Path, files: list[str], why: str) -> str:
     """The one error of missing data: which files, where, and the two ways to provide them."""
     return (
-        f"data={cfg.name}: {', '.join(files)} not in {folder}, and {why}. Provide them: (1) "
-        f"{_set_root(cfg)}, or (2) run once with internet access to "
+        f"data={data.name}: {', '.join(files)} not in {folder}, and {why}. Provide them: (1) "
+        f"{_set_root(data)}, or (2) run once with internet access to "
         f"download them into {folder}"
     )
 
 
-def _check_root(cfg: DictConfig) -> None:
+def _check_root(data: DataCore) -> None:
     """A ``data.root`` that is not a folder is an error, before anything is created there; only
     the user cache, where downloads go by default, may be created by a download."""
-    root = Path(cfg.root)
+    root = Path(data.root)
     if root.is_dir() or root.resolve() == user_cache().resolve():
         return
     what = "is not a folder" if root.exists() else "does not exist"
     create = ""
-    if not root.exists() and cfg.splits and any(spec.url for spec in cfg.splits.values()):
-        create = f", or create it to download {cfg.name} into it"
-    raise AblateError(f"data.root={cfg.root} {what} (data={cfg.name}): {_set_root(cfg)}{create}")
+    if not root.exists() and data.splits and any(spec.url for spec in data.splits.values()):
+        create = f", or create it to download {data.name} into it"
+    raise AblateError(f"data.root={data.root} {what} (data={data.name}): {_set_root(data)}{create}")
 
 
-def _no_folder(cfg: DictConfig, folder: Path) -> str:
+def _no_folder(data: DataCore, folder: Path) -> str:
     """The error of a dataset folder missing under an existing root: the folders that are there,
     and the close one."""
-    treebank = bool(cfg.get("treebank"))
-    key, value = ("data.treebank", cfg.treebank) if treebank else ("data.dir", cfg.dir)
+    treebank = bool(data.get("treebank"))
+    key, value = ("data.treebank", data.treebank) if treebank else ("data.dir", data.dir)
     parent = folder.parent
     there = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
     if not there:
         return (
             f"{key}={value}: no folder {folder}, and no dataset folders in {parent}; "
-            f"{_set_root(cfg)}"
+            f"{_set_root(data)}"
         )
     hint = ""
     for close in difflib.get_close_matches(folder.name, there, n=1, cutoff=0.6):
-        hint = f"; did you mean {key}={close if treebank else Path(cfg.dir).parent / close}?"
+        hint = f"; did you mean {key}={close if treebank else Path(data.dir).parent / close}?"
     kind = "Treebanks" if treebank else "Folders"
     return f"{key}={value}: no folder {folder}. {kind} in {parent}: {', '.join(there)}{hint}"
 
 
-def check_folders(cfg: DictConfig) -> None:
+def check_folders(data: DataCore) -> None:
     """Refuse a ``data.root`` that is not a folder, and the folder of an unpinned dataset (one
     found by the UD naming pattern) that is not there: only paths are looked at, so the command
     line answers before anything heavy is imported (``ablate.cli``)."""
-    _check_root(cfg)
-    folder = Path(cfg.root) / cfg.dir
-    if not cfg.splits and not folder.is_dir():
-        raise AblateError(_no_folder(cfg, folder))
+    _check_root(data)
+    folder = Path(data.root) / data.dir
+    if not data.splits and not folder.is_dir():
+        raise AblateError(_no_folder(data, folder))
 
 
-def file_splits(cfg: DictConfig) -> tuple[str, ...]:
+def file_splits(data: DataCore) -> tuple[str, ...]:
     """The splits read from files: all three, or train and dev when ``data.test_from_train``
     holds the test set out of train (a dataset whose published test split has no labels)."""
-    return SPLITS if cfg.get("test_from_train") is None else ("train", "dev")
+    return SPLITS if data.get("test_from_train") is None else ("train", "dev")
 
 
-def locate(cfg: DictConfig) -> SplitFiles:
-    """Find (and, for pinned releases, download and verify) the split files of ``cfg``
+def locate(data: DataCore) -> SplitFiles:
+    """Find (and, for pinned releases, download and verify) the split files of the dataset
     (``file_splits``)."""
-    folder = Path(cfg.root) / cfg.dir
+    folder = Path(data.root) / data.dir
     paths: dict[str, Path] = {}
-    needed = file_splits(cfg)
-    check_folders(cfg)
-    if cfg.splits:
+    needed = file_splits(data)
+    check_folders(data)
+    if data.splits:
         for split in needed:
-            if split not in cfg.splits:
-                raise AblateError(f"data.splits of '{cfg.name}' has no '{split}' entry")
+            if split not in data.splits:
+                raise AblateError(f"data.splits of '{data.name}' has no '{split}' entry")
         for split in needed:
-            spec = cfg.splits[split]
+            spec = data.splits[split]
             path = folder / spec.file
             if not path.is_file():
                 missing = [
-                    cfg.splits[s].file
+                    data.splits[s].file
                     for s in needed
-                    if not (folder / cfg.splits[s].file).is_file()
+                    if not (folder / data.splits[s].file).is_file()
                 ]
                 if not spec.url:
                     raise AblateError(
-                        _missing(cfg, folder, missing, f"data.splits.{split}.url is not set")
+                        _missing(data, folder, missing, f"data.splits.{split}.url is not set")
                     )
                 log.info("downloading %s -> %s", spec.url, path)
                 try:
                     fetch(spec.url, spec.sha256, path)
                 except DownloadFailed as exc:
                     why = f"downloading them failed ({exc.reason})"
-                    raise AblateError(_missing(cfg, folder, missing, why)) from None
+                    raise AblateError(_missing(data, folder, missing, why)) from None
             paths[split] = path
     else:
         for split in needed:
@@ -186,9 +184,9 @@ def locate(cfg: DictConfig) -> SplitFiles:
             paths[split] = found[0]
     sha = {split: sha256_of(path) for split, path in paths.items()}
     for split, path in paths.items():
-        pinned = cfg.splits[split].sha256 if cfg.splits else None
+        pinned = data.splits[split].sha256 if data.splits else None
         if pinned and sha[split] != pinned:
-            release = f"{cfg.name} r{cfg.version}" if cfg.get("version") else cfg.name
+            release = f"{data.name} r{data.version}" if data.get("version") else data.name
             raise AblateError(
                 f"{path}: sha256 {sha[split]} differs from the pinned {pinned} of {release}; use "
                 f"the published file (data.splits.{split}.url), or set "
@@ -197,18 +195,18 @@ def locate(cfg: DictConfig) -> SplitFiles:
     return SplitFiles(paths=paths, sha256=sha)
 
 
-def extra_test_paths(cfg: DictConfig) -> list[Path]:
+def extra_test_paths(data: DataCore) -> list[Path]:
     """The ``data.extra_test`` files: each absolute, or relative to the working directory or to
     ``data.root``; a missing one is an error."""
     paths = []
-    for given in cfg.extra_test or []:
+    for given in data.extra_test or []:
         path = Path(given).expanduser()
         if not path.is_absolute() and not path.is_file():
-            path = Path(cfg.root) / path
+            path = Path(data.root) / path
         if not path.is_file():
             raise AblateError(
                 f"data.extra_test: {given}: no such file (give it absolute, or relative to the "
-                f"working directory or to data.root={cfg.root})"
+                f"working directory or to data.root={data.root})"
             )
         paths.append(path)
     return paths

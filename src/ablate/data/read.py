@@ -14,13 +14,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
 from ablate.data.dataset import code_version
 from ablate.data.files import SplitFiles
 from ablate.data.sentences import Sentence, check_labels, hold_out, sentence_blocks
 from ablate.errors import AblateError
+
+if TYPE_CHECKING:
+    from ablate.config import DataCore
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ def read_checked(
 
 
 def read_splits(
-    cfg: DictConfig,
+    data: DataCore,
     files: SplitFiles,
     read: Callable,
     inventory: Sequence[str],
@@ -85,26 +87,26 @@ def read_splits(
     t0 = time.perf_counter()
     sentences = {
         split: read_checked(
-            path, read, inventory, cfg.lowercase, cache_dir, files.sha256.get(split)
+            path, read, inventory, data.lowercase, cache_dir, files.sha256.get(split)
         )
         for split, path in files.paths.items()
     }
     log.info("read %s in %.2f s", ", ".join(sentences), time.perf_counter() - t0)
     held = None
-    if cfg.test_from_train is not None:
-        seed = cfg.split_seed
+    if data.test_from_train is not None:
+        seed = data.split_seed
         sentences["train"], sentences["test"] = hold_out(
-            sentences["train"], cfg.test_from_train, seed, key=lambda s: s.words
+            sentences["train"], data.test_from_train, seed, key=lambda s: s.words
         )
         held = (
             f"held out from train: {len(sentences['test'])} of {files.paths['train'].name}, "
             f"data.split_seed={seed}"
         )
-    if cfg.max_train_sentences is not None:
-        if cfg.max_train_sentences < 1:
+    if data.max_train_sentences is not None:
+        if data.max_train_sentences < 1:
             raise AblateError(
-                f"data.max_train_sentences={cfg.max_train_sentences}: must be a positive number "
+                f"data.max_train_sentences={data.max_train_sentences}: must be a positive number "
                 f"(or null: all)"
             )
-        sentences["train"] = sentences["train"][: cfg.max_train_sentences]
+        sentences["train"] = sentences["train"][: data.max_train_sentences]
     return sentences, held
