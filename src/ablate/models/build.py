@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from torch import nn
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 
@@ -15,31 +16,34 @@ from ablate.models.heads import HEADS, BiLSTMTokenClassifier
 from ablate.models.source import check_source
 from ablate.quiet import quieted
 
+if TYPE_CHECKING:
+    from ablate.config import ModelConfig
+
 log = logging.getLogger(__name__)
 
 
-def _load(what: str, cfg: DictConfig, fn, *args, **kwargs):
-    check_source(cfg)
-    path = cfg.name_or_path
+def _load(what: str, model: ModelConfig, fn, *args, **kwargs):
+    check_source(model)
+    path = model.name_or_path
     try:
         if what == "weights":  # safetensors only: never unpickle a downloaded weight file
             kwargs.setdefault("use_safetensors", True)
         return fn(path, *args, **kwargs)
     except (OSError, ValueError) as exc:
         raise AblateError(
-            f"model.name_or_path={cfg.name_or_path!r}: could not load its {what}: neither a local "
+            f"model.name_or_path={path!r}: could not load its {what}: neither a local "
             f"folder with one nor reachable on the Hugging Face hub (offline?): {exc}"
         ) from exc
 
 
-def model_type(cfg: DictConfig) -> str:
+def model_type(model: ModelConfig) -> str:
     """The architecture (``config.model_type``, e.g. ``bert``) of ``model.name_or_path``."""
-    return _load("config", cfg, AutoConfig.from_pretrained).model_type
+    return _load("config", model, AutoConfig.from_pretrained).model_type
 
 
-def load_tokenizer(cfg: DictConfig):
+def load_tokenizer(model: ModelConfig):
     """The model's (fast) tokenizer."""
-    return _load("tokenizer", cfg, AutoTokenizer.from_pretrained, use_fast=True)
+    return _load("tokenizer", model, AutoTokenizer.from_pretrained, use_fast=True)
 
 
 def _no_load_report() -> contextlib.AbstractContextManager:
@@ -82,53 +86,53 @@ def _head_dropout(config) -> float:
     return 0.1
 
 
-def build(cfg: DictConfig, model_class, label_names: Sequence[str]) -> nn.Module:
+def build(model: ModelConfig, model_class, label_names: Sequence[str]) -> nn.Module:
     """The encoder plus a fresh task head with ``len(label_names)`` outputs.
 
     ``model.pretrained=false`` builds random weights from the (overridden) config.
     ``model.head=bilstm`` puts a BiLSTM (``model.lstm_hidden`` units per direction; null = half
     the encoder's width) between the encoder and the classifier.
     """
-    if cfg.head not in HEADS:
-        raise AblateError(f"model.head={cfg.head!r} is not one of {', '.join(HEADS)}")
-    if cfg.lstm_hidden is not None and cfg.head != "bilstm":
+    if model.head not in HEADS:
+        raise AblateError(f"model.head={model.head!r} is not one of {', '.join(HEADS)}")
+    if model.lstm_hidden is not None and model.head != "bilstm":
         raise AblateError(
-            f"model.lstm_hidden={cfg.lstm_hidden} sizes the bilstm head, but model.head="
-            f"{cfg.head!r}; set model.head=bilstm or leave model.lstm_hidden unset"
+            f"model.lstm_hidden={model.lstm_hidden} sizes the bilstm head, but model.head="
+            f"{model.head!r}; set model.head=bilstm or leave model.lstm_hidden unset"
         )
-    if cfg.head == "bilstm" and model_class is not AutoModelForTokenClassification:
+    if model.head == "bilstm" and model_class is not AutoModelForTokenClassification:
         raise AblateError(
             f"model.head=bilstm labels every token; this task's model is {model_class.__name__}"
         )
-    overrides = OmegaConf.to_container(cfg.config_overrides, resolve=True)
+    overrides = OmegaConf.to_container(model.config_overrides, resolve=True)
     config = _load(
         "config",
-        cfg,
+        model,
         AutoConfig.from_pretrained,
         num_labels=len(label_names),
         id2label=dict(enumerate(label_names)),
         label2id={name: i for i, name in enumerate(label_names)},
         **overrides,
     )
-    if not cfg.pretrained:
-        model = model_class.from_config(config)
+    if not model.pretrained:
+        net = model_class.from_config(config)
     else:
         with _no_load_report():
-            model, info = _load(
+            net, info = _load(
                 "weights",
-                cfg,
+                model,
                 model_class.from_pretrained,
                 config=config,
                 output_loading_info=True,
             )
-        _fresh_head(model, info, cfg.name_or_path)
-    if cfg.head == "linear":
-        return model
+        _fresh_head(net, info, model.name_or_path)
+    if model.head == "linear":
+        return net
     # The task model's own encoder: loaded the same way for every architecture, and without the
     # pooler that a bare AutoModel would add and never use.
-    lstm_hidden = cfg.lstm_hidden if cfg.lstm_hidden is not None else config.hidden_size // 2
+    lstm_hidden = model.lstm_hidden if model.lstm_hidden is not None else config.hidden_size // 2
     if lstm_hidden < 1:
-        raise AblateError(f"model.lstm_hidden={cfg.lstm_hidden}: must be a positive integer")
+        raise AblateError(f"model.lstm_hidden={model.lstm_hidden}: must be a positive integer")
     return BiLSTMTokenClassifier(
-        model.base_model, len(label_names), lstm_hidden, _head_dropout(config)
+        net.base_model, len(label_names), lstm_hidden, _head_dropout(config)
     )

@@ -9,11 +9,13 @@ import socket
 import threading
 import urllib.parse
 from pathlib import Path
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
 
 from ablate.data.files import sha256_of
 from ablate.errors import AblateError
+
+if TYPE_CHECKING:
+    from ablate.config import ModelConfig
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -40,9 +42,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     return bool(ok)
 
 
-def check_source(cfg: DictConfig) -> None:
+def check_source(model: ModelConfig) -> None:
     """Fail in seconds, before any data is read, if the model can't be had."""
-    path = cfg.name_or_path
+    path = model.name_or_path
     looks_local = path.startswith((".", "/", "~")) or os.path.exists(path)
     if looks_local and not os.path.isdir(os.path.expanduser(path)):
         raise AblateError(f"model.name_or_path={path!r}: no such folder")
@@ -56,16 +58,16 @@ def check_source(cfg: DictConfig) -> None:
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack", ".onnx")
 
 
-def source_fingerprint(cfg: DictConfig) -> str:
+def source_fingerprint(model: ModelConfig) -> str:
     """What ``model.name_or_path`` holds, not where: for a local folder, the sha256 of its files
     (weights only when ``model.pretrained``: a random init reads only the config); a hub id as
     given. The same model in another checkout (its own venv path) gives the same fingerprint."""
-    folder = Path(cfg.name_or_path).expanduser()
+    folder = Path(model.name_or_path).expanduser()
     if not folder.is_dir():
-        return str(cfg.name_or_path)
+        return str(model.name_or_path)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and ".git" not in p.parts)
     digest = hashlib.sha256()
     for f in files:
-        if cfg.pretrained or f.suffix not in WEIGHT_FILES:
+        if model.pretrained or f.suffix not in WEIGHT_FILES:
             digest.update(f"{f.relative_to(folder).as_posix()}\n{sha256_of(f)}\n".encode())
     return digest.hexdigest()
