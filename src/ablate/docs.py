@@ -29,9 +29,12 @@ from ablate.report.summary import LR_FROM_STUDY
 from ablate.tables import markdown_table
 
 FILES = (
-    "README.md", "docs/config.md", "docs/speed.md", "docs/tasks-and-strategies.md",
+    "README.md",
+    "docs/config.md",
+    "docs/speed.md",
+    "docs/tasks-and-strategies.md",
     "docs/results/README.md",
-)  # fmt: skip
+)
 
 
 def _first_comment(path: Path) -> str:
@@ -137,10 +140,16 @@ def config_keys() -> str:
 def speed_switches() -> str:
     """Every speed switch: its default, what it amounts to per device, and its results."""
     rows = [
-        (f"`{s.key}`", f"`{_shown(s.default)}`", _shown(s.devices["cpu"]),
-         _shown(s.devices["cuda"]), s.results, s.doc)
+        (
+            f"`{s.key}`",
+            f"`{_shown(s.default)}`",
+            _shown(s.devices["cpu"]),
+            _shown(s.devices["cuda"]),
+            s.results,
+            s.doc,
+        )
         for s in switches.SWITCHES
-    ]  # fmt: skip
+    ]
     columns = ["switch", "default", "cpu", "cuda", "results", "what it does"]
     return markdown_table(rows, columns, markup=True)
 

@@ -37,8 +37,9 @@ def main(cfg: DictConfig) -> float:
         if cfg.skip_finished and (twin := tracking.finished_twin(cfg)) is not None:
             log.info(
                 "skip_finished: identical config already FINISHED as run %s (%s); skipping",
-                twin.info.run_name, twin.info.run_id,
-            )  # fmt: skip
+                twin.info.run_name,
+                twin.info.run_id,
+            )
             tracking.reused(twin)  # the sweep reports over it as one of its runs
             return twin.data.metrics.get(f"best_dev_{primary}", float("nan"))
         from ablate.training.resources import assign_gpu, set_wait_policy
@@ -58,9 +59,7 @@ def main(cfg: DictConfig) -> float:
             log.info("%s", note)
         prepared = prepare(cfg)  # everything checked before a run is opened
         keys = STRATEGIES[cfg.freeze.strategy].keys
-        with tracking.start_run(
-            cfg, prepared.files.sha256, keys, checkpoints.resumable
-        ) as run:  # fmt: skip
+        with tracking.start_run(cfg, prepared.files.sha256, keys, checkpoints.resumable) as run:
             results = fit(cfg, prepared, run)
     except KeyboardInterrupt:
         _interrupted(cfg, run)
@@ -74,9 +73,15 @@ def main(cfg: DictConfig) -> float:
     where = ui_links.where_to_browse(uri, run.experiment_id, run.id)
     log.info(
         "run %s FINISHED: dev %s %.4f, test %s %.4f. Store: %s (experiment %r); %s",
-        tracking.run_name(cfg), primary, results[f"dev_{primary}"], primary,
-        results[f"test_{primary}"], uri, cfg.tracking.experiment, where,
-    )  # fmt: skip
+        tracking.run_name(cfg),
+        primary,
+        results[f"dev_{primary}"],
+        primary,
+        results[f"test_{primary}"],
+        uri,
+        cfg.tracking.experiment,
+        where,
+    )
     return results[f"best_dev_{primary}"]
 
 
@@ -132,8 +137,13 @@ def take_tuned_lr(cfg: DictConfig) -> None:
     best = tuned_lr(cfg, study_command(cfg))
     log.info(
         "freeze=%s trains at lr %.3g: the best of %d trials of study %s (dev %.4f, run %s)",
-        cfg.freeze.name, best.lr, best.trials, best.study.name, best.value, best.run_id,
-    )  # fmt: skip
+        cfg.freeze.name,
+        best.lr,
+        best.trials,
+        best.study.name,
+        best.value,
+        best.run_id,
+    )
     with open_dict(cfg):
         cfg.tracking.tags[config.RECIPE_LR_TAG] = str(cfg.trainer.lr)
         cfg.tracking.tags[config.TUNED_TAG] = best.run_id

@@ -72,12 +72,14 @@ def best(study: Study) -> Best:
     pruned = [r for r in runs if r.data.tags.get(PRUNED_TAG) == "true"]
     scored = sorted(
         (
-            r for r in runs
-            if r.info.status == "FINISHED" and study.metric in r.data.metrics
+            r
+            for r in runs
+            if r.info.status == "FINISHED"
+            and study.metric in r.data.metrics
             and r.data.tags.get(PRUNED_TAG) != "true"
         ),
         key=lambda r: r.info.start_time,
-    )  # fmt: skip
+    )
     if not scored:
         return Best(study, 0, None, None, None, pruned=len(pruned))
     latest = _recipe(scored[-1])
@@ -111,9 +113,12 @@ def all_studies(template: Study) -> list[Study]:
         if name and (name not in found or metric):
             freeze = r.data.params.get("freeze.name", r.data.params.get("freeze", "?"))
             found[name] = Study(
-                freeze, name, template.uri, template.experiment,
+                freeze,
+                name,
+                template.uri,
+                template.experiment,
                 f"best_dev_{metric or 'accuracy'}",
-            )  # fmt: skip
+            )
     return [found[n] for n in sorted(found)]
 
 
@@ -133,10 +138,12 @@ def tuned_lr(cfg: DictConfig, command: str) -> Best:
             f"{cfg.tracking.uri}: the lr study's store is not readable: {exc}"
         ) from exc
     trials = [
-        r for r in found
-        if r.info.status == "FINISHED" and metric in r.data.metrics
+        r
+        for r in found
+        if r.info.status == "FINISHED"
+        and metric in r.data.metrics
         and r.data.tags.get(PRUNED_TAG) != "true"
-    ]  # fmt: skip
+    ]
     wanted = _lr_aside(
         {k: str(v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
     )

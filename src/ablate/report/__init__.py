@@ -24,7 +24,23 @@ from ablate.report.summary import (
 )
 
 __all__ = [
-    "BASELINE", "CHARTS", "STRATEGY_ORDER", "Report", "Runs", "bootstrap_interval", "build",
-    "default_out_dir", "describe_source", "load_predictions", "load_runs", "load_scope",
-    "make_report", "markdown", "settings", "strategy_order", "table", "t_interval", "write",
-]  # fmt: skip
+    "BASELINE",
+    "CHARTS",
+    "STRATEGY_ORDER",
+    "Report",
+    "Runs",
+    "bootstrap_interval",
+    "build",
+    "default_out_dir",
+    "describe_source",
+    "load_predictions",
+    "load_runs",
+    "load_scope",
+    "make_report",
+    "markdown",
+    "settings",
+    "strategy_order",
+    "table",
+    "t_interval",
+    "write",
+]

@@ -31,7 +31,14 @@ def table(rows: Sequence[Best]) -> str:
             )
         )
     columns = [
-        "freeze", "study", "finished", "pruned", "epochs saved", "best lr", "objective",
-        "best value", "run",
-    ]  # fmt: skip
+        "freeze",
+        "study",
+        "finished",
+        "pruned",
+        "epochs saved",
+        "best lr",
+        "objective",
+        "best value",
+        "run",
+    ]
     return markdown_table(cells, columns)

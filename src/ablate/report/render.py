@@ -18,9 +18,23 @@ from ablate.tables import inline, markdown_table
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
 # runs.csv: each run behind the summary, where it came from (its commit) and what it measured.
 RUN_COLUMNS = [
-    "panel", "run_id", "run_name", "data", "model", "freeze", "seed", "lr", "tuned", "dev",
-    "test", "train_time_s", "wall_s", "load_per_cpu", "start_time", "git_commit",
-]  # fmt: skip
+    "panel",
+    "run_id",
+    "run_name",
+    "data",
+    "model",
+    "freeze",
+    "seed",
+    "lr",
+    "tuned",
+    "dev",
+    "test",
+    "train_time_s",
+    "wall_s",
+    "load_per_cpu",
+    "start_time",
+    "git_commit",
+]
 
 
 def _num(x: float, digits: int = 2, sign: bool = False) -> str:

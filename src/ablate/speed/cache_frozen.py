@@ -72,8 +72,11 @@ def _train_store(ctx: Context, model, k: int, why, train, pad_id: int):
     ctx.record.metrics({"cache_frozen_time_s": seconds, "cache_frozen_mb": store.nbytes / 2**20})
     log.info(
         "cache_frozen: %s computed once for %d windows in %.1f s (%.0f MiB)",
-        _prefix_name(k), len(train), seconds, store.nbytes / 2**20,
-    )  # fmt: skip
+        _prefix_name(k),
+        len(train),
+        seconds,
+        store.nbytes / 2**20,
+    )
     return store, _prefix_name(k)
 
 

@@ -51,8 +51,9 @@ class FastDropout(nn.Dropout):
         return fast_dropout(x, self.p)
 
 
-def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-              **kwargs):  # fmt: skip
+def attention(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs
+):
     """transformers' sdpa attention, with the math path's dropout mask from ``fast_dropout``.
 
     bf16 training on CPU takes the math path without dropout too: torch's CPU flash attention in

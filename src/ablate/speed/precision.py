@@ -87,9 +87,13 @@ class AttentionKernelsMixin:
 class Precision(Plugin):
     name = "precision"
     switches = (
-        "trainer.fused_adamw", "trainer.bf16", "trainer.tf32", "trainer.pin_memory",
-        "trainer.compile", "trainer.attention_kernels",
-    )  # fmt: skip
+        "trainer.fused_adamw",
+        "trainer.bf16",
+        "trainer.tf32",
+        "trainer.pin_memory",
+        "trainer.compile",
+        "trainer.attention_kernels",
+    )
 
     def check(self, ctx: Context) -> None:
         arguments(ctx.cfg.trainer, cuda=ctx.device == "cuda")

@@ -19,7 +19,7 @@ SPEED: list[Switch] = [
         "batches of similar length (other batches: changes results); `off` padded batches",
         plugin="length_grouping",
         choices=("pack", "split", "bucket", "off"),
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.round_shapes",
         bool | None,
@@ -29,7 +29,7 @@ SPEED: list[Switch] = [
         "training batches in few shapes (widths in multiples of 32), since oneDNN builds its bf16 "
         "kernels per shape; null = on for bf16 on a CPU",
         plugin="length_grouping",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.fused_adamw",
         bool,
@@ -38,7 +38,7 @@ SPEED: list[Switch] = [
         SAME_MATH,
         "AdamW as one fused kernel (the same update)",
         plugin="precision",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.bf16",
         bool | None,
@@ -48,7 +48,7 @@ SPEED: list[Switch] = [
         "bf16 autocast; null = on for a GPU that supports it, off on CPU (true needs AVX-512 BF16 "
         "or AMX)",
         plugin="precision",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.tf32",
         bool,
@@ -57,7 +57,7 @@ SPEED: list[Switch] = [
         CHANGES,
         "TF32 matrix products (GPU only)",
         plugin="precision",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.pin_memory",
         bool,
@@ -66,7 +66,7 @@ SPEED: list[Switch] = [
         IDENTICAL,
         "pinned host memory for batches (GPU only)",
         plugin="precision",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.attention_kernels",
         bool,
@@ -77,7 +77,7 @@ SPEED: list[Switch] = [
         "at every call: bf16 training 6x slower); false = torch's own choice",
         plugin="precision",
         added=True,
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.compile",
         str,
@@ -90,7 +90,7 @@ SPEED: list[Switch] = [
         plugin="precision",
         choices=("off", "default", "reduce-overhead", "max-autotune"),
         added=True,
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.embedding_rows",
         bool,
@@ -100,7 +100,7 @@ SPEED: list[Switch] = [
         "only the word-embedding rows the training data uses train, the others decay as AdamW "
         "would decay them (the same update, without a dense table gradient)",
         plugin="embedding_rows",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.fast_dropout",
         bool,
@@ -110,7 +110,7 @@ SPEED: list[Switch] = [
         "CPU dropout masks from int32 draws, 3x faster than bernoulli_ (the same distribution, "
         "other masks)",
         plugin="dropout",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.sorted_eval",
         bool,
@@ -120,7 +120,7 @@ SPEED: list[Switch] = [
         "dev/test sorted by length, cut into batches where padding plus a per-batch cost is "
         "least, under inference mode; predictions come back in dataset order",
         plugin="sorted_eval",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.cache_frozen",
         bool,
@@ -131,7 +131,7 @@ SPEED: list[Switch] = [
         "window and training runs only blocks k.. (the prefix then has no dropout: changes "
         "results)",
         plugin="cache_frozen",
-    ),  # fmt: skip
+    ),
     Switch(
         "trainer.cache_frozen_eval",
         bool,
@@ -141,7 +141,7 @@ SPEED: list[Switch] = [
         "the same for dev windows, kept from their first evaluation: later dev evaluations run "
         "only blocks k..",
         plugin="cache_frozen",
-    ),  # fmt: skip
+    ),
 ]
 
 for _switch in SPEED:

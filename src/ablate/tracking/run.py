@@ -8,8 +8,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -24,15 +22,14 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import config, overrides
-from ablate.config import project_root
 from ablate.errors import AblateError
-from ablate.tracking import procs, ui_links
+from ablate.tracking import ui_links
 from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
 from ablate.tracking.params import OPTION_KEYS_TAG, flatten, option_keys, selected
 from ablate.tracking.parent import REUSED, adopt, in_multirun, recorded, sweep_parent
+from ablate.tracking.provenance import environment, git_tags, process, run_name, sweep_tags
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
 
@@ -41,29 +38,6 @@ log = logging.getLogger("ablate")
 logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
 # MLflow's HTTP retries warn once a try while a server is away; the journal says it in one line.
 logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-
-
-def environment() -> dict[str, str]:
-    """Versions, device and host: what a reader needs to reproduce a number."""
-    import importlib.metadata as md
-    import platform
-
-    import torch
-
-    info = {"python": platform.python_version()}
-    for package in ("torch", "transformers", "peft", "datasets", "mlflow", "hydra-core"):
-        try:
-            info[package] = md.version(package)
-        except md.PackageNotFoundError:
-            info[package] = "absent"
-    info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    info["host"] = socket.gethostname()
-    return info
-
-
-def process() -> dict[str, Any]:
-    """This process as ``mark_stale_runs`` checks it: host, pid and start time."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": procs.started(os.getpid())}
 
 
 def latest_run(
@@ -79,63 +53,11 @@ def latest_run(
     if folder is not None:
         inside = str(Path(folder).resolve())
         runs = [
-            r for r in runs
+            r
+            for r in runs
             if r.data.tags.get("ablate.checkpoint_dir", "").startswith(inside + os.sep)
-        ]  # fmt: skip
+        ]
     return runs[0] if runs else None
-
-
-# Overrides already in a run's name, or that change where it goes rather than what it computes.
-_NAMED = ("data", "data.name", "data.treebank", "freeze", "freeze.name", "model", "model.name",
-          "seed")  # fmt: skip
-
-
-def run_name(cfg: DictConfig) -> str:
-    """``{data}-{freeze}-{model}-s{seed}``, then the job's other command-line overrides that
-    change what it computes (``epochs=1``, ``smoke`` for ``experiment=smoke``), so runs of two
-    different configurations are told apart."""
-    name = f"{cfg.data.name}-{cfg.freeze.name}-{cfg.model.name}-s{cfg.seed}"
-    if not HydraConfig.initialized():
-        return name
-    identity_flag = config.flags("identity")
-    extra: dict[str, str] = {}  # by key: an override given twice counts once, the last
-    for override in overrides.as_job_sees(HydraConfig.get().overrides.task):  # one naming
-        key, _, value = override.lstrip("+~").partition("=")
-        if (
-            key in _NAMED
-            or not identity_flag.get(key, True)
-            or key.startswith(("hydra", "data.splits."))  # pins of the files, not what runs
-        ):
-            continue
-        extra[key] = (value if "." not in key and key not in config.GROUPS else
-                      f"{key.rsplit('.', 1)[-1]}={value}")  # fmt: skip
-    return " ".join([name, *extra.values()])[:250]
-
-
-def _git() -> dict[str, str]:
-    root = project_root()
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        return {"git.commit": "unknown"}
-    return {"git.commit": commit, "git.dirty": str(bool(git("status", "--porcelain")))}
-
-
-def _sweep_tags() -> dict[str, str]:
-    if not in_multirun():
-        return {}
-    hc = HydraConfig.get()
-    job_num = OmegaConf.select(hc, "job.num", default=None)
-    return {"hydra.sweep_dir": str(Path(hc.sweep.dir).resolve()), "hydra.job_num": str(job_num)}
 
 
 def reused(twin) -> None:
@@ -224,9 +146,10 @@ class Run:
         alive = monitor is not None and monitor._process is not None and monitor._process.is_alive()
         if not alive and self.journal.down_since is None:
             self._monitor = SystemMetricsMonitor(
-                self.id, resume_logging=monitor is not None or self.resumed is not None,
+                self.id,
+                resume_logging=monitor is not None or self.resumed is not None,
                 tracking_uri=self.journal.uri,
-            )  # fmt: skip
+            )
             self._monitor.start()
 
     def end(self, status: str, wait_min: float) -> None:
@@ -252,9 +175,11 @@ def finished_twin(cfg: DictConfig):
 
 @contextmanager
 def start_run(
-    cfg: DictConfig, data_sha256: Mapping[str, str] | None = None,
-    strategy_keys: Iterable[str] | None = None, resumable: Callable[[Any], bool] | None = None,
-) -> Iterator[Run]:  # fmt: skip
+    cfg: DictConfig,
+    data_sha256: Mapping[str, str] | None = None,
+    strategy_keys: Iterable[str] | None = None,
+    resumable: Callable[[Any], bool] | None = None,
+) -> Iterator[Run]:
     """Open this job's MLflow run: the resolved config as params, a few tags, ``config.yaml``
     and ``.hydra/`` as artifacts, system metrics while it runs; in a sweep, a child of the
     sweep's run.
@@ -286,8 +211,10 @@ def start_run(
         log.warning(
             "run %s was KILLED before its first epoch checkpoint: nothing to resume, so it starts "
             "over as a new run (the KILLED one is deleted; mlflow runs restore --run-id %s "
-            "brings it back)", old, old,
-        )  # fmt: skip
+            "brings it back)",
+            old,
+            old,
+        )
         client.delete_run(old)
         resumed, started_over = None, {"ablate.started_over": old}
     this_process = dict(zip(LIVENESS, (json.dumps(process()), f"{time.time():.0f}"), strict=True))
@@ -316,9 +243,10 @@ def start_run(
             if resumed is None:  # a reopened run keeps its params (re-logging one would raise)
                 resolved = OmegaConf.to_container(cfg, resolve=True)
                 run.journal.params(
-                    flatten(resolved) if strategy_keys is None
+                    flatten(resolved)
+                    if strategy_keys is None
                     else selected(cfg, strategy_keys, _named())
-                )  # fmt: skip
+                )
                 run.text(OmegaConf.to_yaml(resolved), "config.yaml")
                 if HydraConfig.initialized():
                     hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
@@ -328,7 +256,7 @@ def start_run(
                 run.tags({"ablate.resumed": "true"})
             run.tags(started_over)
             env = environment()
-            run.tags({**_git(), "device": env["device"], **_sweep_tags()})
+            run.tags({**git_tags(), "device": env["device"], **sweep_tags()})
             own = ",".join(sorted(option_keys(cfg.freeze.name))) if "name" in cfg.freeze else ""
             run.tags({"ablate.identity": ident, OPTION_KEYS_TAG: own, **this_process})
             run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr study trial's study=<name>)
@@ -337,8 +265,13 @@ def start_run(
             yield run
         except (KeyboardInterrupt, Interrupted) as exc:
             # interrupted, not broken: resumable from its last epoch checkpoint
-            run.tags({"error": type(exc).__name__ if isinstance(exc, KeyboardInterrupt)
-                      else f"stopped by {exc}"})  # fmt: skip
+            run.tags(
+                {
+                    "error": type(exc).__name__
+                    if isinstance(exc, KeyboardInterrupt)
+                    else f"stopped by {exc}"
+                }
+            )
             _end_keeping(run, "KILLED", 0)  # seconds count: a scheduler's SIGKILL follows
             if isinstance(exc, KeyboardInterrupt):
                 raise

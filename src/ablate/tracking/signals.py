@@ -93,9 +93,7 @@ def pass_on(on_stop: Callable[[int], None] | None = None, grace_s: float = 60) -
         import psutil
 
         _ignore_more()
-        children = [
-            c for c in psutil.Process().children() if not _ignores(c.pid, signum)
-        ]  # fmt: skip
+        children = [c for c in psutil.Process().children() if not _ignores(c.pid, signum)]
         for child in children:
             with suppress(psutil.NoSuchProcess):
                 child.send_signal(signum)

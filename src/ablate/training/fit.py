@@ -35,9 +35,15 @@ def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
     counts = record_inputs(cfg, prep, record)
     with checkpoints.folder() as output_dir, quiet_libraries():
         trainer, status = build_trainer(
-            cfg, prep.task, prep.applied, prep.encoded.features, prep.tokenizer, record,
-            prep.device, output_dir,
-        )  # fmt: skip
+            cfg,
+            prep.task,
+            prep.applied,
+            prep.encoded.features,
+            prep.tokenizer,
+            record,
+            prep.device,
+            output_dir,
+        )
         record.tags({checkpoints.FOLDER_TAG: output_dir})
         record.info("speed", status)
         out = trainer.train(resume_from_checkpoint=checkpoints.resume_from(record.resumed))
@@ -95,7 +101,7 @@ def record_inputs(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str
             "files": {
                 s: {"path": str(p), "sha256": prep.files.sha256[s]}
                 for s, p in prep.files.paths.items()
-            },  # fmt: skip
+            },
             "test": prep.held_out or "the release's test split",
             "tokenized_cache": prep.encoded.cache,
         },
@@ -114,15 +120,26 @@ def record_inputs(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str
         }
     )
     record.tags({"freeze.frozen_blocks": a.frozen_blocks})
-    log.info("%d / %d params trainable (%.1f %%), frozen blocks %s",
-             a.trainable_params, a.total_params, a.trainable_pct, a.frozen_blocks)  # fmt: skip
+    log.info(
+        "%d / %d params trainable (%.1f %%), frozen blocks %s",
+        a.trainable_params,
+        a.total_params,
+        a.trainable_pct,
+        a.frozen_blocks,
+    )
     return counts
 
 
 def build_trainer(
-    cfg: DictConfig, task: Task, applied: Applied, features: dict[str, list[dict]], tokenizer,
-    record: Recorder, device: str, output_dir: str,
-) -> tuple[CoreTrainer, dict[str, str]]:  # fmt: skip
+    cfg: DictConfig,
+    task: Task,
+    applied: Applied,
+    features: dict[str, list[dict]],
+    tokenizer,
+    record: Recorder,
+    device: str,
+    output_dir: str,
+) -> tuple[CoreTrainer, dict[str, str]]:
     """The run's Trainer on ``applied.model``: the core Trainer with what the plugins add (they
     may wrap the model, the features and the collator) and the meter; and what they applied."""
     callbacks = [
@@ -131,9 +148,17 @@ def build_trainer(
         *lr_trial_callbacks(cfg, record, task.primary_metric),  # an lr study's trial: its epochs
     ]
     ctx = Context(
-        cfg, task, applied, applied.model, dict(features), tokenizer, record, device,
-        task.collator(tokenizer), callbacks,
-    )  # fmt: skip
+        cfg,
+        task,
+        applied,
+        applied.model,
+        dict(features),
+        tokenizer,
+        record,
+        device,
+        task.collator(tokenizer),
+        callbacks,
+    )
     active = plugins.active()
     fields = {k: v for p in active for k, v in p.arguments(ctx).items()}
     ctx.args = training_arguments(cfg, output_dir, device, **fields)

@@ -139,8 +139,9 @@ def prepare(cfg: DictConfig) -> Prepared:
 
     applied = strategies.apply(build(cfg.model, task.model_class, task.labels), cfg.freeze)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ctx = plugins.Context(cfg, task, applied, applied.model, {}, tokenizer, None, device,
-                         task.collator)  # fmt: skip
+    ctx = plugins.Context(
+        cfg, task, applied, applied.model, {}, tokenizer, None, device, task.collator
+    )
     for each in plugins.active():
         each.check(ctx)
     return Prepared(
