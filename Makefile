@@ -86,7 +86,7 @@ notebook: $(STAMP) ## the report inline in JupyterLab (notebooks/compare.ipynb)
 ui: $(STAMP) ## the MLflow UI on the same store (PORT=5000); prints each experiment's runs page
 	$(PY) -m ablate.server.ui --uri "$(TRACKING_URI)" --host 127.0.0.1 --port $(PORT)
 
-server: $(STAMP) ## team MLflow server with login, on PostgreSQL, and its lr studies' storage (HOST=0.0.0.0: the network; DB_URL=...; PG_PORT=...; STUDY_PORT=...; UPLOAD_MB=1024)
+server: $(STAMP) ## team MLflow server, login, PostgreSQL, lr-study storage (HOST=0.0.0.0: network; DB_URL=...; PG_PORT=...; STUDY_PORT=...; UPLOAD_MB=1024)
 	$(PY) -m ablate.server start --host "$(or $(HOST),127.0.0.1)" --port $(PORT) $(if $(DB_URL),--db-url "$(DB_URL)") $(if $(PG_PORT),--pg-port "$(PG_PORT)") $(if $(STUDY_PORT),--study-port "$(STUDY_PORT)") $(if $(UPLOAD_MB),--max-upload-mb "$(UPLOAD_MB)")
 
 server-stop: $(STAMP) ## stop what make server started (by pid)
