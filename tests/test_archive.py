@@ -182,7 +182,7 @@ def test_a_results_page_is_regenerated_from_the_archive_beside_it(study, tmp_pat
     read = archive.read(page / docs.ARCHIVE)
     grid = [r.run_id for r in read.runs if read.index["runs"][read.runs.index(r)]["role"] == "run"]
     assert all(run_id in runs for run_id in grid)  # the archive's ids, not the temporary store's
-    assert "from the archive" in docs.results_source(str(page))
+    assert "from the archive" in docs.results.results_source(str(page))
     # the published studies' stores are gone and they have no archive: their pages say so
     for study_name in ("naija", "naija-fair", "ewt"):
-        assert "no longer held" in docs.results_source(study_name)
+        assert "no longer held" in docs.results.results_source(study_name)

@@ -48,7 +48,7 @@ def test_every_makefile_target_is_documented():
 
 def test_a_block_names_the_study_it_reads():
     plain = "<!-- results-table:start -->\n<!-- results-table:end -->\n"
-    name = f"results-table {docs.RESULTS}"
+    name = f"results-table {docs.results.RESULTS}"
     named = f"<!-- {name}:start -->\nstale\n<!-- {name}:end -->\n"
     assert docs.render(named).splitlines()[1:-1] == docs.render(plain).splitlines()[1:-1]
     missing = docs.render(

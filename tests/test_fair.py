@@ -119,7 +119,7 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     # The published table's rerun command runs the study first where the lr came from one.
     (pub := tmp_path / "published").mkdir()
     rep.summary.to_csv(pub / "summary.csv", index=False)
-    table = docs.results_table(str(pub), rerun=True).splitlines()
+    table = docs.results.results_table(str(pub), rerun=True).splitlines()
     (features_row,) = [line for line in table if line.startswith("| `features` |")]
     assert features_row.endswith(
         "| `python -m ablate.lrstudy experiment=fair freeze=features`, then "

@@ -383,13 +383,13 @@ def test_the_results_pages_blocks_read_the_reports_files(cli):
 
     summary = pd.read_csv(cli.out / "summary.csv").set_index("strategy")
     path = str(cli.out)
-    table = docs.results_table(path, rerun=True).splitlines()
+    table = docs.results.results_table(path, rerun=True).splitlines()
     (row,) = [line for line in table if line.startswith("| `all` |")]
     all_ = summary.loc["all"]
     assert f"| {all_.dev_mean_pct:.2f} ± {all_.dev_std_pct:.2f} |" in row
     assert row.endswith("| 2 | `python -m ablate.train --multirun experiment=paper "
                         "data=UD_Naija-Slice freeze=all` |")  # fmt: skip
-    findings = docs.results_findings(path)
+    findings = docs.results.results_findings(path)
     assert f"{summary.loc['none'].dev_mean_pct:.2f} ± " in findings
     assert (
         f"- `all` trains {all_.param_savings_pct:.0f} % fewer parameters in "
@@ -397,8 +397,8 @@ def test_the_results_pages_blocks_read_the_reports_files(cli):
         f"{all_.delta_dev_pt:+.2f} points of dev accuracy" in findings
     )
     commit = pd.read_csv(cli.out / "runs.csv").git_commit.iloc[0][:7]
-    assert docs.results_provenance(path).startswith("4 runs (all, none; seeds 1, 2), started ")
-    assert f"from commit {commit};" in docs.results_provenance(path)
+    assert docs.results.results_provenance(path).startswith("4 runs (all, none; seeds 1, 2), started ")
+    assert f"from commit {commit};" in docs.results.results_provenance(path)
 
 
 def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(grid):

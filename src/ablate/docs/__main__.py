@@ -1,0 +1,3 @@
+from ablate.docs import main
+
+main()
