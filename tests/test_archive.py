@@ -186,3 +186,21 @@ def test_a_results_page_is_regenerated_from_the_archive_beside_it(study, tmp_pat
     # the published studies' stores are gone and they have no archive: their pages say so
     for study_name in ("naija", "naija-fair", "ewt"):
         assert "no longer held" in docs.results.results_source(study_name)
+
+
+def test_a_study_page_tabulates_its_lr_studies_per_pruner_from_their_archives(study, tmp_path):
+    page = tmp_path / "results" / "tiny"
+    out = page / docs.results.PRUNING / "median"
+    argv = ["export", "--uri", study.store, "--experiment", LR_EXPERIMENT, "--all", str(out)]
+    assert archive_main(argv) == 0
+    rows = [line.split(" | ") for line in docs.results.lr_pruning(str(page)).splitlines()[2:]]
+    trials = [r for r in _all_runs(study.store) if r.data.tags.get("study") == STUDY]
+    top = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
+    client = MlflowClient(study.store)
+    epochs = sum(len(client.get_metric_history(r.info.run_id, "epoch_time_s")) for r in trials)
+    assert len(rows) == 1
+    assert rows[0][0] == f"| {STUDY}" and rows[0][1:5] == ["median", "2", "0", str(epochs)]
+    assert rows[0][7] == f"{float(top.data.params['trainer.lr']):.3g}"
+    assert rows[0][8].rstrip(" |") == f"{100 * top.data.metrics['best_dev_accuracy']:.2f}"
+    with pytest.raises(docs.results.NoResults, match="No lr studies archived"):
+        docs.results.lr_pruning(str(tmp_path / "none"))
