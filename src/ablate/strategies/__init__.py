@@ -28,6 +28,7 @@ from ablate.freeze_keys import Key
 if TYPE_CHECKING:
     from torch import nn
 
+    from ablate.config import FreezeConfig
     from ablate.strategies.base import Applied
 
 
@@ -39,7 +40,7 @@ class Strategy:
     report's order (none given: the option named like the strategy)."""
 
     name: str
-    apply: Callable[[nn.Module, DictConfig], Applied] | str
+    apply: Callable[[nn.Module, FreezeConfig], Applied] | str
     keys: tuple[Key | str, ...] = ()
     freeze_options: tuple[str, ...] = ()
 
@@ -66,39 +67,39 @@ def report_order() -> tuple[str, ...]:
     return tuple(option for s in STRATEGIES.values() for option in s.freeze_options)
 
 
-def check_keys(cfg: DictConfig) -> None:
+def check_keys(freeze: FreezeConfig) -> None:
     """Refuse a ``freeze`` key set away from its default that the chosen strategy ignores, and a
     value of one of its own keys outside what the key allows."""
-    used = STRATEGIES[cfg.strategy].keys
+    used = STRATEGIES[freeze.strategy].keys
     for name, k in freeze_keys.KEYS.items():
-        if name not in cfg:
+        if name not in freeze:
             continue
-        value = cfg[name]
+        value = freeze[name]
         if isinstance(value, (DictConfig, ListConfig)):
             value = OmegaConf.to_container(value)
         if name not in used and value != k.default:
             raise AblateError(
-                f"freeze.{name}={value} has no effect with freeze.strategy={cfg.strategy} "
+                f"freeze.{name}={value} has no effect with freeze.strategy={freeze.strategy} "
                 f"(its keys: {', '.join(used) or 'none'})"
             )
         if name in used and k.allowed and not k.allowed[0](value):
             raise AblateError(
-                f"freeze.{name}={value}: must be {k.allowed[1]} (freeze.strategy={cfg.strategy})"
+                f"freeze.{name}={value}: must be {k.allowed[1]} (freeze.strategy={freeze.strategy})"
             )
 
 
-def apply(model: nn.Module, cfg: DictConfig) -> Applied:
+def apply(model: nn.Module, freeze: FreezeConfig) -> Applied:
     """Run the strategy named by ``freeze.strategy`` on ``model``; train ``Applied.model``."""
-    if cfg.strategy not in STRATEGIES:
+    if freeze.strategy not in STRATEGIES:
         raise AblateError(
-            f"freeze.strategy={cfg.strategy!r} is not one of {', '.join(sorted(STRATEGIES))}"
+            f"freeze.strategy={freeze.strategy!r} is not one of {', '.join(sorted(STRATEGIES))}"
         )
-    check_keys(cfg)
-    function = STRATEGIES[cfg.strategy].apply
+    check_keys(freeze)
+    function = STRATEGIES[freeze.strategy].apply
     if isinstance(function, str):
         module, _, name = function.partition(":")
         function = getattr(importlib.import_module(module), name)
-    applied = function(model, cfg)
+    applied = function(model, freeze)
     if applied.model is None:
         applied.model = model
     return applied

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.strategies.base import Applied, describe, train_everything
 
+if TYPE_CHECKING:
+    from ablate.config import FreezeConfig
 
-def freeze_bitfit(model: nn.Module, cfg: DictConfig) -> Applied:
+
+def freeze_bitfit(model: nn.Module, freeze: FreezeConfig) -> Applied:
     """BitFit: of the encoder only the bias terms (LayerNorm's included) train; the head (with
     BERT's pooler, ``model.pooler``) trains."""
     train_everything(model)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
 from torch import nn
 from transformers import TrainerCallback
 
 from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.strategies.base import Applied, ParamGroup, describe, train_everything
+
+if TYPE_CHECKING:
+    from ablate.config import FreezeConfig
 
 
 class GradualUnfreezing(TrainerCallback):
@@ -54,14 +56,14 @@ class GradualUnfreezing(TrainerCallback):
             )
 
 
-def freeze_gradual(model: nn.Module, cfg: DictConfig) -> Applied:
+def freeze_gradual(model: nn.Module, freeze: FreezeConfig) -> Applied:
     """Gradual unfreezing: the head first, then one more block from the top per epoch.
 
     The optimiser holds every parameter from the start (frozen ones simply get no gradient), so
     blocks unfrozen later train.
     """
     n = len(anatomy.blocks(model))
-    schedule = list(range(n + 2)) if cfg.schedule is None else list(cfg.schedule)
+    schedule = list(range(n + 2)) if freeze.schedule is None else list(freeze.schedule)
     bad = [k for k in schedule if not 0 <= k <= n + 1]
     if not schedule or bad or schedule != sorted(schedule):
         raise AblateError(

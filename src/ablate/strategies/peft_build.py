@@ -5,8 +5,8 @@ modules and the whole head train."""
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig
 from torch import nn
 from transformers import TrainerCallback
 
@@ -15,6 +15,9 @@ from ablate.models import anatomy
 from ablate.models.heads import BiLSTMTokenClassifier
 from ablate.strategies.base import Applied, describe, train_everything
 from ablate.strategies.peft_methods import Method
+
+if TYPE_CHECKING:
+    from ablate.config import FreezeConfig
 
 
 class AdaLoraSchedule(TrainerCallback):
@@ -61,9 +64,9 @@ def resolve(
     return [full for full, aliases in found.items() if aliases & set(names)]
 
 
-def targets(model: nn.Module, cfg: DictConfig, method: Method) -> list[str]:
+def targets(model: nn.Module, freeze: FreezeConfig, method: Method) -> list[str]:
     """``freeze.target_modules``, or the method's default for the architecture, resolved."""
-    names = cfg.target_modules
+    names = freeze.target_modules
     if names is None:
         names = _defaults(model, method.targets, f"{method.peft_targets}_TARGET")
         if not names:
@@ -77,16 +80,16 @@ def targets(model: nn.Module, cfg: DictConfig, method: Method) -> list[str]:
     return resolve(model, list(names), getattr(nn, method.kind))
 
 
-def _feedforward(model: nn.Module, cfg: DictConfig, chosen: list[str]) -> list[str]:
+def _feedforward(model: nn.Module, freeze: FreezeConfig, chosen: list[str]) -> list[str]:
     """(IA)^3's ``feedforward_modules``: set, a subset of the targets; null, the architecture's
     feed-forward output layer where targeted."""
-    if cfg.feedforward_modules is None:
+    if freeze.feedforward_modules is None:
         names = _defaults(model, "ia3_feedforward", "IA3_FEEDFORWARD") or []
         return [n for n in resolve(model, names, nn.Linear) if n in chosen] if names else []
-    ff = resolve(model, list(cfg.feedforward_modules), nn.Linear, "feedforward_modules")
+    ff = resolve(model, list(freeze.feedforward_modules), nn.Linear, "feedforward_modules")
     if not set(ff) <= set(chosen):
         raise AblateError(
-            f"freeze.feedforward_modules={list(cfg.feedforward_modules)} must name targets "
+            f"freeze.feedforward_modules={list(freeze.feedforward_modules)} must name targets "
             f"(freeze.target_modules) only"
         )
     return ff
@@ -103,15 +106,15 @@ def _peft_task_type(model: nn.Module):
     return None
 
 
-def apply_method(model: nn.Module, cfg: DictConfig, method: Method) -> Applied:
+def apply_method(model: nn.Module, freeze: FreezeConfig, method: Method) -> Applied:
     """``method`` on ``model`` through peft: the encoder frozen, the method's modules on its
     targets and the whole head train; the run's ``adapter/`` artifact holds them."""
     import peft
 
-    options = method.options(cfg)
-    chosen = targets(model, cfg, method)
+    options = method.options(freeze)
+    chosen = targets(model, freeze, method)
     if "feedforward_modules" in method.key_names:
-        options["feedforward_modules"] = _feedforward(model, cfg, chosen)
+        options["feedforward_modules"] = _feedforward(model, freeze, chosen)
     train_everything(model)
     config = getattr(peft, method.config)(
         task_type=_peft_task_type(model),
@@ -128,5 +131,5 @@ def apply_method(model: nn.Module, cfg: DictConfig, method: Method) -> Applied:
         # LN tuning asks for a LayerNorm's in/out features, which peft reads off Linears only
         warnings.filterwarnings("ignore", "Unsupported layer type .*LayerNorm")
         wrapped = peft.get_peft_model(model, config)
-    callbacks = [lambda record, c=c: c for c in method.callbacks(wrapped, cfg)]
+    callbacks = [lambda record, c=c: c for c in method.callbacks(wrapped, freeze)]
     return describe(wrapped, artifacts={"adapter": wrapped.save_pretrained}, callbacks=callbacks)

@@ -35,11 +35,11 @@ class Method:
     name: str
     config: str  # the peft config class
     keys: tuple[Key | str, ...]
-    options: Callable[[DictConfig], dict[str, Any]]
+    options: Callable[[config.FreezeConfig], dict[str, Any]]
     targets: str = "attention"  # its default target_modules: a kind of anatomy.TARGETS
     peft_targets: str = "LORA"  # peft's table for other architectures
     kind: str = "Linear"  # what its targets must be: a torch.nn module class
-    callbacks: Callable[[Any, DictConfig], list] = field(default=lambda model, cfg: [])
+    callbacks: Callable[[Any, config.FreezeConfig], list] = field(default=lambda model, freeze: [])
     freeze_options: tuple[str, ...] = ()
 
     @property
@@ -74,28 +74,28 @@ DROPOUT = Key(
 LORA = (RANK, ALPHA, DROPOUT, TARGETS)
 
 
-def _lora(cfg: DictConfig) -> dict[str, Any]:
-    return {"r": cfg.r, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout}
+def _lora(freeze: config.FreezeConfig) -> dict[str, Any]:
+    return {"r": freeze.r, "lora_alpha": freeze.alpha, "lora_dropout": freeze.dropout}
 
 
-def _adalora(cfg: DictConfig) -> dict[str, Any]:
-    if cfg.init_r < cfg.r:
+def _adalora(freeze: config.FreezeConfig) -> dict[str, Any]:
+    if freeze.init_r < freeze.r:
         raise AblateError(
-            f"freeze.init_r={cfg.init_r} < freeze.r={cfg.r}: AdaLoRA starts at init_r and prunes "
-            "down to r on average"
+            f"freeze.init_r={freeze.init_r} < freeze.r={freeze.r}: AdaLoRA starts at init_r and "
+            "prunes down to r on average"
         )
-    if cfg.tinit + cfg.tfinal >= 1:
+    if freeze.tinit + freeze.tfinal >= 1:
         raise AblateError(
-            f"freeze.tinit={cfg.tinit} + freeze.tfinal={cfg.tfinal} must be < 1: AdaLoRA needs "
-            "steps between them to prune its budget"
+            f"freeze.tinit={freeze.tinit} + freeze.tfinal={freeze.tfinal} must be < 1: AdaLoRA "
+            "needs steps between them to prune its budget"
         )
     return {
-        "init_r": cfg.init_r,
-        "target_r": cfg.r,
-        "lora_alpha": cfg.alpha,
-        "lora_dropout": cfg.dropout,
-        "deltaT": cfg.delta_t,
-        "orth_reg_weight": cfg.orth_reg_weight,
+        "init_r": freeze.init_r,
+        "target_r": freeze.r,
+        "lora_alpha": freeze.alpha,
+        "lora_dropout": freeze.dropout,
+        "deltaT": freeze.delta_t,
+        "orth_reg_weight": freeze.orth_reg_weight,
         # the run's steps are known when training starts (AdaLoraSchedule sets them); until
         # then a schedule peft accepts
         "total_step": 1,
@@ -104,10 +104,10 @@ def _adalora(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def _adalora_schedule(model: Any, cfg: DictConfig) -> list:
+def _adalora_schedule(model: Any, freeze: config.FreezeConfig) -> list:
     from ablate.strategies.peft_build import AdaLoraSchedule
 
-    return [AdaLoraSchedule(model, cfg.tinit, cfg.tfinal)]
+    return [AdaLoraSchedule(model, freeze.tinit, freeze.tfinal)]
 
 
 _share = (lambda v: 0 <= v < 1, "in [0, 1)")
@@ -159,8 +159,8 @@ D_INITIAL = Key(
 )
 
 
-def _rank_alpha(cfg: DictConfig) -> dict[str, Any]:
-    return {"r": cfg.r, "alpha": cfg.alpha}
+def _rank_alpha(freeze: config.FreezeConfig) -> dict[str, Any]:
+    return {"r": freeze.r, "alpha": freeze.alpha}
 
 
 # In the report's order: from the fewest weights trained to the most, LoRA's family together.
@@ -171,7 +171,7 @@ METHODS: dict[str, Method] = {
             "ln_tuning",
             "LNTuningConfig",
             (TARGETS,),
-            lambda cfg: {},
+            lambda freeze: {},
             targets="norms",
             peft_targets="LNTUNING",
             kind="LayerNorm",
@@ -180,7 +180,7 @@ METHODS: dict[str, Method] = {
             "ia3",
             "IA3Config",
             (TARGETS, FEEDFORWARD),
-            lambda cfg: {},
+            lambda freeze: {},
             targets="ia3",
             peft_targets="IA3",
         ),
@@ -188,11 +188,15 @@ METHODS: dict[str, Method] = {
             "vera",
             "VeraConfig",
             (RANK, DROPOUT, D_INITIAL, TARGETS),
-            lambda cfg: {"r": cfg.r, "vera_dropout": cfg.dropout, "d_initial": cfg.d_initial},
+            lambda freeze: {
+                "r": freeze.r,
+                "vera_dropout": freeze.dropout,
+                "d_initial": freeze.d_initial,
+            },
             peft_targets="VERA",
         ),
         Method("lora", "LoraConfig", LORA, _lora, freeze_options=("lora", "lora_qkv")),
-        Method("dora", "LoraConfig", LORA, lambda cfg: {**_lora(cfg), "use_dora": True}),
+        Method("dora", "LoraConfig", LORA, lambda freeze: {**_lora(freeze), "use_dora": True}),
         Method(
             "adalora",
             "AdaLoraConfig",
@@ -207,11 +211,11 @@ METHODS: dict[str, Method] = {
 }
 
 
-def apply(model: Any, cfg: DictConfig) -> Any:
+def apply(model: Any, freeze: config.FreezeConfig) -> Any:
     """The strategy of every method: ``freeze.strategy``'s method on ``model`` (``peft_build``)."""
     from ablate.strategies import peft_build
 
-    return peft_build.apply_method(model, cfg, METHODS[cfg.strategy])
+    return peft_build.apply_method(model, freeze, METHODS[freeze.strategy])
 
 
 def register(method: Method) -> Method:
