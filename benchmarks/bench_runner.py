@@ -87,7 +87,7 @@ def job(spec: dict) -> None:
 
     cfg = compose(spec["overrides"])
     if spec["recipe"] != "plain":
-        set_wait_policy(cfg)  # as ablate.train does, before torch loads OpenMP
+        set_wait_policy(cfg.trainer)  # as ablate.train does, before torch loads OpenMP
     from ablate.tracking.run import start_run
     from ablate.training.fit import fit
     from ablate.training.prepare import prepare

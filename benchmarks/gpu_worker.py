@@ -114,7 +114,7 @@ def main(spec_path: str) -> int:
         if recipe not in ("plain", "plain_bf16") and "torch" not in sys.modules:
             from ablate.training.resources import set_wait_policy
 
-            set_wait_policy(cfg)  # as ablate.train does, before torch loads OpenMP
+            set_wait_policy(cfg.trainer)  # as ablate.train does, before torch loads OpenMP
         result = run_one(recipe, cfg, results, job.get("profile"))
         result.update(job=job["id"], recipe=recipe, overrides=job["overrides"])
         (results / f"{recipe}--{job['id'].replace('/', '--')}.json").write_text(json.dumps(result))

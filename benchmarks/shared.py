@@ -71,7 +71,7 @@ def plain_fit(cfg, run, output_dir: str, bf16: bool = False, measure_flops: bool
     from ablate.training.meter import CountingCollator, SpeedMeter
     from ablate.training.resources import peak_rss_mb, torch_threads
 
-    torch.set_num_threads(torch_threads(cfg))
+    torch.set_num_threads(torch_threads(cfg.trainer))
     set_seed(cfg.seed)
     task = tasks.get(cfg.data.task)
     files = locate(cfg.data)

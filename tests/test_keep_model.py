@@ -155,7 +155,7 @@ def test_a_minilm_changed_throughout_is_kept_whole_in_80_to_95_mb(tmp_path):
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param), alpha=1e-3)
-    keep.save(cfg, task, model, load_tokenizer(cfg.model), tmp_path / "model")
+    keep.save(cfg.model, task, model, load_tokenizer(cfg.model), tmp_path / "model")
     assert "transformers" in mlflow.models.Model.load(str(tmp_path / "model")).flavors
     megabytes = sum(f.stat().st_size for f in (tmp_path / "model").rglob("*") if f.is_file())
     assert 80 < megabytes / 2**20 < 95
@@ -171,7 +171,7 @@ def test_a_model_kept_while_the_store_is_away_is_logged_once_it_answers(
     cfg = compose_cfg("model=tiny")
     task = tasks.get("pos")
     model = build(cfg.model, task.model_class, task.labels)
-    keep.save(cfg, task, model, load_tokenizer(cfg.model), tmp_path / "saved")
+    keep.save(cfg.model, task, model, load_tokenizer(cfg.model), tmp_path / "saved")
     client = MlflowClient(store)
     run_id = client.create_run(client.create_experiment("away")).info.run_id
     away = journal.Journal(tmp_path / "journal", "http://127.0.0.1:9", run_id)  # no server there

@@ -217,7 +217,7 @@ def test_a_kept_adapter_loads_over_the_encoder_with_its_trained_weights(
 ):
     cfg, applied = apply(option)
     model = perturbed(applied)
-    keep.save(cfg, tasks.get("pos"), model, tokenizer, tmp_path / "model")
+    keep.save(cfg.model, tasks.get("pos"), model, tokenizer, tmp_path / "model")
     saved = {p.name for p in (tmp_path / "model" / "adapter").iterdir()}
     assert "adapter_model.safetensors" in saved and "model.safetensors" not in saved
     loaded = keep.load(str(tmp_path / "model")).model

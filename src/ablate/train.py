@@ -44,7 +44,7 @@ def main(cfg: DictConfig) -> float:
             return twin.data.metrics.get(f"best_dev_{primary}", float("nan"))
         from ablate.training.resources import assign_gpu, set_wait_policy
 
-        set_wait_policy(cfg)  # before torch loads OpenMP
+        set_wait_policy(cfg.trainer)  # before torch loads OpenMP
         if (gpu := assign_gpu()) is not None:  # worker i takes GPU i mod N, before CUDA starts
             log.info("%s", gpu)
         from ablate.strategies import STRATEGIES, check_keys

@@ -71,7 +71,7 @@ def start(config: DictConfig) -> bool:
         return False
     from ablate.training.resources import set_wait_policy
 
-    policy = set_wait_policy(config)  # before torch loads OpenMP, which the workers inherit
+    policy = set_wait_policy(config.trainer)  # before torch loads OpenMP, which the workers inherit
     forked = "fork" in multiprocessing.get_all_start_methods()
     t0 = time.perf_counter()
     if forked:

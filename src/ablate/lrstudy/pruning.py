@@ -10,19 +10,23 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig
 from transformers import TrainerCallback
 
 from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG, pruner
 from ablate.training.callbacks import epoch_of
 from ablate.training.recorder import Recorder
 
+if TYPE_CHECKING:
+    from ablate.config import LrStudyConfig
+
 log = logging.getLogger("ablate")
 
 
-def callbacks(cfg: DictConfig, record: Recorder, primary: str) -> list[TrainerCallback]:
-    """The callback that reports to this process's trial, if it is one (``$ABLATE_LR_TRIAL``)."""
+def callbacks(lr_study: LrStudyConfig, record: Recorder, primary: str) -> list[TrainerCallback]:
+    """The callback that reports to this process's trial, if it is one (``$ABLATE_LR_TRIAL``),
+    with the pruner of ``lr_study``."""
     given = os.environ.get(TRIAL_ENV)
     if not given:
         return []
@@ -33,9 +37,7 @@ def callbacks(cfg: DictConfig, record: Recorder, primary: str) -> list[TrainerCa
     from ablate.lrstudy.study import open_storage  # a team server's storage is no URL Optuna reads
 
     storage = open_storage(trial["storage"])
-    study = optuna.load_study(
-        study_name=trial["study"], storage=storage, pruner=pruner(cfg.lr_study)
-    )
+    study = optuna.load_study(study_name=trial["study"], storage=storage, pruner=pruner(lr_study))
     record.tags({TRIAL_TAG: f"{trial['study']}:{trial['number']}"})  # how the study finds it
     return [ReportToStudy(optuna.Trial(study, trial["trial_id"]), record, primary)]
 

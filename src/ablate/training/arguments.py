@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 from transformers import TrainingArguments
 
 from ablate.errors import AblateError
 
+if TYPE_CHECKING:
+    from ablate.config import TrainerCore
 
-def check(cfg: DictConfig) -> None:
-    """Refuse recipe values the Trainer would take silently or fail on late."""
-    t = cfg.trainer
+
+def check(trainer: TrainerCore) -> None:
+    """Refuse values of the recipe (``trainer``) the Trainer would take silently or fail on late."""
+    t = trainer
     if not 0 <= t.warmup_ratio < 1:
         raise AblateError(f"trainer.warmup_ratio={t.warmup_ratio}: must be in [0, 1)")
     if t.early_stopping_patience is not None and t.early_stopping_patience < 1:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
+from typing import TYPE_CHECKING
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from transformers import EarlyStoppingCallback, PrinterCallback
 
 from ablate import plugins
@@ -26,13 +27,16 @@ from ablate.training.recorder import Recorder
 from ablate.training.resources import peak_rss_mb
 from ablate.training.trainer import CoreTrainer, trainer_class
 
+if TYPE_CHECKING:
+    from ablate.config import DataCore
+
 log = logging.getLogger(__name__)
 
 
 def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
     """Train on train, evaluate dev every epoch and test (and ``data.extra_test``) at the end;
     record everything. ``trainer.early_stopping_patience`` may end training early."""
-    counts = record_inputs(cfg, prep, record)
+    counts = record_inputs(cfg.data, prep, record)
     with checkpoints.folder() as output_dir, quiet_libraries():
         trainer, status = build_trainer(
             cfg,
@@ -71,7 +75,7 @@ def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
     record.metrics({k: v for k, v in results.items() if k not in per_epoch and counts.get(k) != v})
     if cfg.trainer.keep_model:  # the final model: the last epoch's, or the best one restored
         with quiet_libraries():
-            keep.keep(cfg, prep.task, prep.applied.model, prep.tokenizer, record)
+            keep.keep(cfg.model, prep.task, prep.applied.model, prep.tokenizer, record)
     checkpoints.remove(trainer.args.output_dir, record.resumed)
     return results
 
@@ -82,9 +86,10 @@ def quiet_libraries() -> contextlib.AbstractContextManager:
     return quieted({"accelerate": logging.WARNING}, bars=("transformers",))
 
 
-def record_inputs(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, int]:
-    """Record what the run trains on: the datasets, their counts, the trainable parameters."""
-    splits = OmegaConf.select(cfg, "data.splits") or {}
+def record_inputs(data: DataCore, prep: Prepared, record: Recorder) -> dict[str, int]:
+    """Record what the run trains on: the datasets (of the ``data`` node), their counts, the
+    trainable parameters."""
+    splits = data.get("splits") or {}
     sources = {}
     for split, path in prep.files.paths.items():
         pinned = splits.get(split)
@@ -93,11 +98,11 @@ def record_inputs(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str
     if prep.held_out:  # the test set is part of train's file
         sources["test"] = sources["train"]
     for split, (source, sha) in sources.items():
-        record.dataset(f"{cfg.data.name}/{split}", source, sha, context=split)
+        record.dataset(f"{data.name}/{split}", source, sha, context=split)
     record.info(
         "data",
         {
-            "version": cfg.data.version,
+            "version": data.version,
             "files": {
                 s: {"path": str(p), "sha256": prep.files.sha256[s]}
                 for s, p in prep.files.paths.items()
@@ -145,7 +150,9 @@ def build_trainer(
     callbacks = [
         EpochLogger(record, task.primary_metric, task.epoch_metrics),
         *(make(record) for make in applied.callbacks),
-        *lr_trial_callbacks(cfg, record, task.primary_metric),  # an lr study's trial: its epochs
+        *lr_trial_callbacks(
+            cfg.lr_study, record, task.primary_metric
+        ),  # an lr study's trial: its epochs
     ]
     ctx = Context(
         cfg,

@@ -32,10 +32,10 @@ import logging
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -47,6 +47,9 @@ from ablate.quiet import quieted
 from ablate.training import delta
 from ablate.training.recorder import Recorder
 
+if TYPE_CHECKING:
+    from ablate.config import ModelConfig
+
 log = logging.getLogger(__name__)
 
 NAME = "model"  # the logged model's name: runs:/<run id>/model
@@ -57,35 +60,36 @@ FLAVOUR = "ablate"
 PIPELINES = {"token": "token-classification", "sequence": "text-classification"}
 
 
-def keep(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, record: Recorder) -> None:
-    """Save the trained ``model`` (the strategy's, inside any speed plugin's wrapper) and log it
-    as the run's logged model ``model``."""
+def keep(model: ModelConfig, task: tasks.Task, net: nn.Module, tokenizer, record: Recorder) -> None:
+    """Save the trained ``net`` (the strategy's, inside any speed plugin's wrapper), built from
+    the ``model`` node, and log it as the run's logged model ``model``."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / NAME
-        save(cfg, task, model, tokenizer, path)
+        save(model, task, net, tokenizer, path)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
         record.model(str(path), NAME)
     record.metrics({"kept_model_mib": round(size, 2)})  # what the run costs on disk
     log.info("kept the final model (%.1f MiB): runs:/%s/%s", size, record.id, NAME)
 
 
-def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: Path) -> None:
-    """Write ``model`` to the new folder ``path`` as an MLflow model that ``load`` reads."""
-    model_cfg: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)
-    if _is_peft(model) and cfg.model.pretrained:
-        model.save_pretrained(str(path / "adapter"))
-        _own_layout(path, "adapter", task, model_cfg, tokenizer)
+def save(model: ModelConfig, task: tasks.Task, net: nn.Module, tokenizer, path: Path) -> None:
+    """Write ``net`` (built from the ``model`` node) to the new folder ``path`` as an MLflow model
+    that ``load`` reads."""
+    fields: dict[str, Any] = OmegaConf.to_container(model, resolve=True)
+    if _is_peft(net) and model.pretrained:
+        net.save_pretrained(str(path / "adapter"))
+        _own_layout(path, "adapter", task, fields, tokenizer)
         return
-    plain = plain_copy(cfg.model, task, model)
-    if cfg.model.pretrained and _save_delta(cfg.model, task, plain, path):
-        _own_layout(path, "delta", task, model_cfg, tokenizer)
+    plain = plain_copy(model, task, net)
+    if model.pretrained and _save_delta(model, task, plain, path):
+        _own_layout(path, "delta", task, fields, tokenizer)
         return
     if not isinstance(plain, PreTrainedModel):
         plain.config.save_pretrained(str(path / "model"))
         from safetensors.torch import save_file
 
         save_file(plain.state_dict(), str(path / "model" / "model.safetensors"))
-        weights_cfg = {**model_cfg, "name_or_path": "model", "pretrained": False}
+        weights_cfg = {**fields, "name_or_path": "model", "pretrained": False}
         _own_layout(path, "weights", task, weights_cfg, tokenizer)
         return
     import mlflow.transformers
@@ -101,12 +105,12 @@ def save(cfg: DictConfig, task: tasks.Task, model: nn.Module, tokenizer, path: P
         )
 
 
-def _save_delta(model_cfg: DictConfig, task: tasks.Task, plain: nn.Module, path: Path) -> bool:
+def _save_delta(model: ModelConfig, task: tasks.Task, plain: nn.Module, path: Path) -> bool:
     """Write what training changed in ``plain`` to ``path/delta`` unless it is most of it."""
     from safetensors.torch import save_file
 
     with torch.random.fork_rng(devices=[]), quieted({"ablate.models.build": logging.WARNING}):
-        base = build(model_cfg, task.model_class, task.labels).state_dict()  # as load builds it
+        base = build(model, task.model_class, task.labels).state_dict()  # as load builds it
     trained = plain.state_dict()
     kept = delta.changes(base, trained)
     if delta.nbytes(kept) > DELTA_SHARE * delta.nbytes(trained):
@@ -120,8 +124,8 @@ def _save_delta(model_cfg: DictConfig, task: tasks.Task, plain: nn.Module, path:
     return True
 
 
-def plain_copy(model_cfg: DictConfig, task: tasks.Task, trained: nn.Module) -> nn.Module:
-    """The task model built afresh from ``model_cfg`` (no weights read) holding ``trained``'s
+def plain_copy(model: ModelConfig, task: tasks.Task, trained: nn.Module) -> nn.Module:
+    """The task model built afresh from the ``model`` node (no weights read) holding ``trained``'s
     weights; a peft method merged into it."""
     if _is_peft(trained):
         from peft.utils import ModulesToSaveWrapper
@@ -134,7 +138,7 @@ def plain_copy(model_cfg: DictConfig, task: tasks.Task, trained: nn.Module) -> n
             parent, name = anatomy.owner(trained, wrapper)
             setattr(parent, name, wrapper.modules_to_save[wrapper.active_adapter])
         trained = trained.merge_and_unload()
-    fresh = build(OmegaConf.merge(model_cfg, {"pretrained": False}), task.model_class, task.labels)
+    fresh = build(OmegaConf.merge(model, {"pretrained": False}), task.model_class, task.labels)
     # A speed plugin's module may hold more than its plain counterpart (the embedding rows it
     # trains); every weight of the plain model must come from the trained one.
     missing, _ = fresh.load_state_dict(trained.state_dict(), strict=False)
@@ -204,13 +208,13 @@ def load(model_uri: str, base: str | None = None, **pipeline_kwargs):
         )
 
 
-def _own_layout(path: Path, kind: str, task: tasks.Task, model_cfg: dict, tokenizer) -> None:
+def _own_layout(path: Path, kind: str, task: tasks.Task, model: dict, tokenizer) -> None:
     from mlflow.models import Model
 
     tokenizer.save_pretrained(str(path / "tokenizer"))
     mlmodel = Model()
     mlmodel.add_flavor(
-        FLAVOUR, kind=kind, task=task.name, model=model_cfg, loader="ablate.training.keep.load"
+        FLAVOUR, kind=kind, task=task.name, model=model, loader="ablate.training.keep.load"
     )
     mlmodel.save(str(path / "MLmodel"))
 

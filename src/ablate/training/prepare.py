@@ -8,7 +8,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -26,6 +26,9 @@ from ablate.models.source import check_source
 from ablate.strategies.base import Applied
 from ablate.training import arguments
 from ablate.training.resources import set_wait_policy, torch_threads
+
+if TYPE_CHECKING:
+    from ablate.config import DataConfig, DataCore
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +51,11 @@ class Prepared:
     wait_policy: str  # OMP_WAIT_POLICY as this process's OpenMP runs with it
 
 
-def read_extra_tests(cfg: DictConfig, task: tasks.Task) -> dict[str, list[Sentence]]:
+def read_extra_tests(data: DataCore, task: tasks.Task) -> dict[str, list[Sentence]]:
     """The ``data.extra_test`` files, read and label-checked, by name: the file's folder (e.g.
     ``UD_English-EWT``). A path is absolute, or relative to the working directory or ``data.root``.
     """
-    paths = list(cfg.data.extra_test or [])
+    paths = list(data.extra_test or [])
     if paths and not task.extra_test:
         able = ", ".join(name for name, t in tasks.TASKS.items() if t.extra_test)
         raise AblateError(
@@ -60,14 +63,14 @@ def read_extra_tests(cfg: DictConfig, task: tasks.Task) -> dict[str, list[Senten
             f"{able})"
         )
     found: dict[str, list[Sentence]] = {}
-    for path in extra_test_paths(cfg.data):
+    for path in extra_test_paths(data):
         name = path.resolve().parent.name
         if name in found:
             raise AblateError(
                 f"data.extra_test: two files in folders named {name!r}; their metrics "
                 f"(test_{task.primary_metric}/{name}) would clash"
             )
-        found[name] = read_checked(path, task.read, task.labels, cfg.data.lowercase)
+        found[name] = read_checked(path, task.read, task.labels, data.lowercase)
     return found
 
 
@@ -86,7 +89,7 @@ def check_switches(cfg: DictConfig) -> None:
             raise AblateError(f"{switch.key}={value!r} is not one of {', '.join(switch.choices)}")
 
 
-def cache_dir(data: DictConfig) -> Path | None:
+def cache_dir(data: DataConfig) -> Path | None:
     """The read and tokenised cache's folder (``data.tokenized_cache_dir``), created; None with
     the cache off. A folder that cannot be written is an error naming the key."""
     if not data.tokenized_cache:
@@ -109,19 +112,21 @@ def cache_dir(data: DictConfig) -> Path | None:
 
 def prepare(cfg: DictConfig) -> Prepared:
     """Load and check everything ``cfg`` needs, in this process; nothing is recorded."""
-    threads = torch_threads(cfg)
+    threads = torch_threads(cfg.trainer)
     torch.set_num_threads(threads)
-    wait_policy = set_wait_policy(cfg)  # as OpenMP read it (``ablate.train`` set it in time)
+    wait_policy = set_wait_policy(
+        cfg.trainer
+    )  # as OpenMP read it (``ablate.train`` set it in time)
     set_seed(cfg.seed)  # the head's initialisation below draws from it
     task = tasks.get(cfg.data.task)
     check_source(cfg.model)  # a missing model fails in seconds, before the data
-    arguments.check(cfg)
+    arguments.check(cfg.trainer)
     check_switches(cfg)
     files = locate(cfg.data)
     d = cfg.data
     cache = cache_dir(d)
     sentences, held = read_splits(d, files, task.read, task.labels, cache)
-    extra_sentences = read_extra_tests(cfg, task)
+    extra_sentences = read_extra_tests(d, task)
 
     tokenizer = load_tokenizer(cfg.model)
     label2id = {name: i for i, name in enumerate(task.labels)}

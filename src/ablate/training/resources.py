@@ -9,9 +9,13 @@ import resource
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
+
+if TYPE_CHECKING:
+    from ablate.config import TrainerCore
 
 
 def usable_cpus() -> int:
@@ -36,14 +40,14 @@ def launcher_workers() -> int:
     return usable_cpus() if workers < 0 else workers  # joblib: -1 = one worker per CPU
 
 
-def torch_threads(cfg: DictConfig) -> int:
+def torch_threads(trainer: TrainerCore) -> int:
     """``trainer.threads``, else the usable CPUs divided among a parallel launcher's workers.
 
     joblib's workers start with OMP_NUM_THREADS=1, and each of N workers taking every CPU
     oversubscribes the machine; so each takes cpus // N.
     """
-    if cfg.trainer.threads:
-        return cfg.trainer.threads
+    if trainer.threads:
+        return trainer.threads
     return max(1, usable_cpus() // launcher_workers())
 
 
@@ -141,7 +145,7 @@ def busy_cpus(seconds: float = 0.5) -> float:
     return sum(used) / 100.0
 
 
-def set_wait_policy(cfg: DictConfig) -> str:
+def set_wait_policy(trainer: TrainerCore) -> str:
     """Apply ``trainer.omp_wait_policy`` before torch loads OpenMP (which reads it then, once);
     returns what this process's OpenMP runs with, and why, for the run's record.
 
@@ -155,7 +159,7 @@ def set_wait_policy(cfg: DictConfig) -> str:
     from ablate.errors import AblateError
 
     global _loaded_with
-    policy = cfg.trainer.omp_wait_policy
+    policy = trainer.omp_wait_policy
     if policy not in WAIT_POLICIES:
         raise AblateError(
             f"trainer.omp_wait_policy={policy!r} is not one of {', '.join(WAIT_POLICIES)}"
