@@ -154,14 +154,14 @@ def test_a_best_lr_at_the_edge_widens_the_range_at_most_twice(slice_root, store,
     study = lrstudy.open_study(cfg)
     assert study.user_attrs == {"range": [1e-5, 1e-3], "widened": 0}
     _finished(study, [1e-4, 3e-5, 2e-4, 9e-4])  # the best, last: in the top tenth
-    assert lrstudy._widen(study, cfg)
+    assert lrstudy._widen(study, cfg.lr_study)
     assert study.user_attrs == {"range": [1e-5, 1e-2], "widened": 1}
-    assert lrstudy.target(study, cfg) == 6  # half as many trials more
+    assert lrstudy.target(study, cfg.lr_study) == 6  # half as many trials more
     _finished(study, [1e-4, 9e-3])  # at the top again
-    assert lrstudy._widen(study, cfg) and study.user_attrs["range"] == [1e-5, 1e-1]
+    assert lrstudy._widen(study, cfg.lr_study) and study.user_attrs["range"] == [1e-5, 1e-1]
     _finished(study, [1e-4, 9e-2])  # a third time: not widened, and said plainly
-    assert not lrstudy._widen(study, cfg)
-    done = lrstudy.summary(study, cfg)
+    assert not lrstudy._widen(study, cfg.lr_study)
+    done = lrstudy.summary(study, cfg.trainer)
     assert (done.trials, done.widened, done.best_lr) == (8, 2, 9e-2)
     note = lrstudy.edge_note(done, "lora")
     assert note.startswith("warning: freeze=lora: the best lr 0.09 lies in the top tenth")

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
 from ablate import cli, config
+
+if TYPE_CHECKING:
+    from ablate.config import FreezeConfig
 
 log = logging.getLogger("ablate")
 config.register()  # before Hydra composes: an extension added since joins the schema
@@ -55,7 +59,7 @@ def main(cfg: DictConfig) -> float:
 
         if cfg.freeze.strategy in STRATEGIES:  # a freeze key it ignores: before the data loads
             check_keys(cfg.freeze)
-        if note := untuned_lr(cfg, _option(cfg)):  # a peft method at an lr no study chose
+        if note := untuned_lr(cfg, _option(cfg.freeze)):  # a peft method at an lr no study chose
             log.info("%s", note)
         prepared = prepare(cfg)  # everything checked before a run is opened
         keys = STRATEGIES[cfg.freeze.strategy].keys
@@ -116,13 +120,13 @@ def _interrupted(cfg: DictConfig, run) -> None:
     log.error("run %s (%s) KILLED %s: %s", run_name(cfg), run.id, where, command)
 
 
-def _option(cfg: DictConfig) -> str:
+def _option(freeze: FreezeConfig) -> str:
     """The ``freeze`` option the job composed (``freeze.name`` outside Hydra)."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():
-        return HydraConfig.get().runtime.choices.get("freeze") or cfg.freeze.name
-    return cfg.freeze.name
+        return HydraConfig.get().runtime.choices.get("freeze") or freeze.name
+    return freeze.name
 
 
 def take_tuned_lr(cfg: DictConfig) -> None:
@@ -134,7 +138,7 @@ def take_tuned_lr(cfg: DictConfig) -> None:
 
     from ablate.lrstudy.runs import study_command, tuned_lr
 
-    best = tuned_lr(cfg, study_command(cfg))
+    best = tuned_lr(cfg, study_command(cfg.freeze))
     log.info(
         "freeze=%s trains at lr %.3g: the best of %d trials of study %s (dev %.4f, run %s)",
         cfg.freeze.name,

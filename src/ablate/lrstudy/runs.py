@@ -7,6 +7,7 @@ and the report."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hydra.core.hydra_config import HydraConfig
 from mlflow.exceptions import MlflowException
@@ -17,6 +18,9 @@ from ablate import tasks
 from ablate.errors import AblateError
 from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG
 from ablate.tracking.params import flatten, primary_metric, settings
+
+if TYPE_CHECKING:
+    from ablate.config import FreezeConfig
 
 
 @dataclass(frozen=True)
@@ -163,9 +167,9 @@ def tuned_lr(cfg: DictConfig, command: str) -> Best:
     return _top(Study(cfg.freeze.name, name, cfg.tracking.uri, experiment, metric), same)
 
 
-def study_command(cfg: DictConfig) -> str:
-    """The ``python -m ablate.lrstudy`` command that runs the study of this job's strategy: its
-    overrides, the seed aside (the study's trials run at the default seed)."""
+def study_command(freeze: FreezeConfig) -> str:
+    """The ``python -m ablate.lrstudy`` command that runs the study of this job's strategy
+    (``freeze``): its overrides, the seed aside (the study's trials run at the default seed)."""
     given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     keep = [o for o in given if not o.startswith(("seed=", "freeze="))]
-    return " ".join(["python -m ablate.lrstudy", *keep, f"freeze={cfg.freeze.name}"])
+    return " ".join(["python -m ablate.lrstudy", *keep, f"freeze={freeze.name}"])

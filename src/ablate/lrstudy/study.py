@@ -40,6 +40,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
 from filelock import FileLock
@@ -52,6 +53,9 @@ from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG, p
 from ablate.tracking import procs
 from ablate.tracking.identity import identity
 from ablate.tracking.store import prepare
+
+if TYPE_CHECKING:
+    from ablate.config import LrStudyConfig, TrackingConfig, TrainerCore
 
 log = logging.getLogger("ablate")
 
@@ -194,12 +198,10 @@ def sampler(name: str, cfg: DictConfig, number: int = 0) -> optuna.samplers.TPES
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(1, cfg.lr_study.trials // 2))
 
 
-def target(study: optuna.Study, cfg: DictConfig) -> int:
+def target(study: optuna.Study, lr_study: LrStudyConfig) -> int:
     """Finished or pruned trials the study wants: ``lr_study.trials``, half as many more per
     widening."""
-    return cfg.lr_study.trials + study.user_attrs.get("widened", 0) * math.ceil(
-        cfg.lr_study.trials / 2
-    )
+    return lr_study.trials + study.user_attrs.get("widened", 0) * math.ceil(lr_study.trials / 2)
 
 
 def run(cfg: DictConfig, overrides: list[str], folder: Path) -> Summary:
@@ -222,10 +224,10 @@ def run(cfg: DictConfig, overrides: list[str], folder: Path) -> Summary:
         ended = sum(s in ENDED for s in states)
         running = states.count(optuna.trial.TrialState.RUNNING)
         queued = states.count(optuna.trial.TrialState.WAITING)  # retries of killed trials
-        if ended >= target(study, cfg):
-            if not _widen(study, cfg):
-                return summary(study, cfg)
-        elif ended + running >= target(study, cfg) and not queued:
+        if ended >= target(study, cfg.lr_study):
+            if not _widen(study, cfg.lr_study):
+                return summary(study, cfg.trainer)
+        elif ended + running >= target(study, cfg.lr_study) and not queued:
             time.sleep(POLL_S)  # other workers' trials: they may end, or die and be retried
         else:
             with warnings.catch_warnings():
@@ -238,7 +240,7 @@ def _trial(
 ) -> float:
     """One trial: its lr, then its run (an earlier try's, or a new child process's)."""
     ahead = [t for t in study.get_trials(deepcopy=False, states=COUNTED) if t.number < trial.number]
-    if len(ahead) >= target(study, cfg):
+    if len(ahead) >= target(study, cfg.lr_study):
         raise Surplus(f"trial {trial.number}: the study had its trials; dropped unrun")
     trial.set_user_attr("process", {"trial": trial.number, **_process()})
     low, high = study.user_attrs["range"]
@@ -246,7 +248,7 @@ def _trial(
     lr = trial.suggest_float("lr", low, high, log=True)
     frozen = study._storage.get_trial(trial._trial_id)
     tries = [*optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(frozen), trial.number]
-    ended = _run_of(cfg, study.study_name, tries)
+    ended = _run_of(cfg.tracking, study.study_name, tries)
     if ended is None:
         job = folder / str(tries[0])  # a retry's: the first try's, to resume from its checkpoint
         log.info("lr study %s: trial %d at lr %.3g (job folder %s)", study.study_name,
@@ -260,7 +262,7 @@ def _trial(
             f"trainer.lr={lr!r}", "skip_finished=false", f"hydra.run.dir={job}",
         ]  # fmt: skip
         code = subprocess.run(command, env=env).returncode
-        ended = _run_of(cfg, study.study_name, [trial.number])
+        ended = _run_of(cfg.tracking, study.study_name, [trial.number])
         if ended is None:
             raise AblateError(
                 f"lr study {study.study_name}: trial {trial.number} (lr {lr:.3g}) failed with exit "
@@ -269,11 +271,11 @@ def _trial(
     return _result(cfg, trial, ended)
 
 
-def _run_of(cfg: DictConfig, name: str, numbers: list[int]):
+def _run_of(tracking: TrackingConfig, name: str, numbers: list[int]):
     """The MLflow run that ended trial ``numbers`` (a trial and its earlier tries): FINISHED, or
     pruned; None if none did."""
-    client = MlflowClient(cfg.tracking.uri)
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    client = MlflowClient(tracking.uri)
+    exp = client.get_experiment_by_name(tracking.experiment)
     if exp is None:
         return None
     for n in numbers:
@@ -325,7 +327,7 @@ def _where(lr: float, span: list[float]) -> float:
     return (math.log10(lr) - low) / (high - low)
 
 
-def _widen(study: optuna.Study, cfg: DictConfig) -> bool:
+def _widen(study: optuna.Study, lr_study: LrStudyConfig) -> bool:
     """When the best lr lies in the outer tenth of the range (log scale) and the study has
     widened fewer than ``lr_study.widen`` times: the range 10x wider at that edge, and more
     trials; whether it did."""
@@ -335,7 +337,7 @@ def _widen(study: optuna.Study, cfg: DictConfig) -> bool:
         return False
     span, widened = study.user_attrs["range"], study.user_attrs.get("widened", 0)
     where = _where(best.params["lr"], span)
-    if 0.1 <= where <= 0.9 or widened >= cfg.lr_study.widen:
+    if 0.1 <= where <= 0.9 or widened >= lr_study.widen:
         return False
     wider = [span[0], span[1] * 10] if where > 0.9 else [span[0] / 10, span[1]]
     log.info("lr study %s: the best lr %.3g lies at the edge of [%g, %g]: widened to [%g, %g]",
@@ -345,11 +347,11 @@ def _widen(study: optuna.Study, cfg: DictConfig) -> bool:
     return True
 
 
-def summary(study: optuna.Study, cfg: DictConfig) -> Summary:
-    """What ``study`` did (its ended trials)."""
+def summary(study: optuna.Study, trainer: TrainerCore) -> Summary:
+    """What ``study`` did (its ended trials), of ``trainer.epochs`` each."""
     ended = study.get_trials(deepcopy=False, states=ENDED)
     pruned = [t for t in ended if t.state == optuna.trial.TrialState.PRUNED]
-    epochs = cfg.trainer.epochs
+    epochs = trainer.epochs
     saved = sum(epochs - t.user_attrs.get("epochs", len(t.intermediate_values)) for t in pruned)
     done = [t for t in ended if t.state == optuna.trial.TrialState.COMPLETE]
     best = max(done, key=lambda t: t.value).params["lr"] if done else None
