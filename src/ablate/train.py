@@ -89,7 +89,7 @@ def main(cfg: DictConfig) -> float:
     return results[f"best_dev_{primary}"]
 
 
-def _interrupted(cfg: DictConfig, run) -> None:
+def _interrupted(cfg: config.TrainCore, run) -> None:
     """Ctrl-C: one line that says where the run stands and the command that continues it; the
     traceback goes to the job log only."""
     import shlex
@@ -129,7 +129,7 @@ def _option(freeze: FreezeConfig) -> str:
     return freeze.name
 
 
-def take_tuned_lr(cfg: DictConfig) -> None:
+def take_tuned_lr(cfg: config.TrainCore) -> None:
     """Set ``trainer.lr`` to the lr that the strategy's own study picked on dev
     (``lr_study``), tag the run with that trial's id, and record the lr in the job's
     ``.hydra/config.yaml``, so the job folder says what ran."""

@@ -76,7 +76,7 @@ def for_studies(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     return options, [*rest, *extra]
 
 
-def study_of(cfg: DictConfig) -> Study:
+def study_of(cfg: config.TrainCore) -> Study:
     """Name and store of the study whose trials run with ``cfg`` (``compose_trial``)."""
     return Study(
         freeze=cfg.freeze.name,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from hydra.core.hydra_config import HydraConfig
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ablate import tasks
 from ablate.errors import AblateError
@@ -20,7 +20,7 @@ from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG
 from ablate.tracking.params import flatten, primary_metric, settings
 
 if TYPE_CHECKING:
-    from ablate.config import FreezeConfig
+    from ablate.config import FreezeConfig, TrainCore
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def all_studies(template: Study) -> list[Study]:
     return [found[n] for n in sorted(found)]
 
 
-def tuned_lr(cfg: DictConfig, command: str) -> Best:
+def tuned_lr(cfg: TrainCore, command: str) -> Best:
     """The best finished trial of the lr study of ``cfg``'s strategy (``lr_study.experiment``):
     the trial with the highest ``best_dev_<primary metric>`` among those run with ``cfg``'s
     settings, lr and seed aside. When there is none, an ``AblateError`` that names ``command``

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 import optuna
 from filelock import FileLock
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf, open_dict
 
 from ablate import tasks
 from ablate.errors import AblateError
@@ -55,7 +55,7 @@ from ablate.tracking.identity import identity
 from ablate.tracking.store import prepare
 
 if TYPE_CHECKING:
-    from ablate.config import LrStudyConfig, TrackingConfig, TrainerCore
+    from ablate.config import LrStudyConfig, TrackingConfig, TrainCore, TrainerCore
 
 log = logging.getLogger("ablate")
 
@@ -96,7 +96,7 @@ class Summary:
         )
 
 
-def check(cfg: DictConfig) -> None:
+def check(cfg: TrainCore) -> None:
     """One error per bad ``lr_study`` key, before a study or a run opens."""
     s = cfg.lr_study
     low, high = (list(s.range) + [0, 0])[:2]
@@ -114,7 +114,7 @@ def check(cfg: DictConfig) -> None:
     storage_url(cfg)
 
 
-def storage_url(cfg: DictConfig) -> str:
+def storage_url(cfg: TrainCore) -> str:
     """Where the study persists: ``lr_study.storage``, else ``lr_study.db`` beside a sqlite
     tracking store (or a local folder one), else the storage an ablate team server at an http(s)
     tracking URI serves (``grpc://host:port``, ``ablate.lrstudy.remote``)."""
@@ -157,7 +157,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         )  # fmt: skip
 
 
-def study_name(cfg: DictConfig) -> str:
+def study_name(cfg: TrainCore) -> str:
     """The study tag plus a digest of the trials' settings (lr aside) and the configured range."""
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
@@ -166,7 +166,7 @@ def study_name(cfg: DictConfig) -> str:
     return f"{cfg.tracking.tags.study}-{digest[:8]}"
 
 
-def open_study(cfg: DictConfig) -> optuna.Study:
+def open_study(cfg: TrainCore) -> optuna.Study:
     """The study of ``cfg``'s trials, created if new, with the pruner of ``lr_study``."""
     name = study_name(cfg)
     url = storage_url(cfg)
@@ -190,7 +190,7 @@ def open_study(cfg: DictConfig) -> optuna.Study:
     return study
 
 
-def sampler(name: str, cfg: DictConfig, number: int = 0) -> optuna.samplers.TPESampler:
+def sampler(name: str, cfg: TrainCore, number: int = 0) -> optuna.samplers.TPESampler:
     """TPE seeded by the study's name, ``seed`` and the trial's number: each study draws its own
     lrs, and two workers asking at once draw different ones (one seed would give both the
     same); half of ``lr_study.trials`` are its random start-up."""
@@ -204,7 +204,7 @@ def target(study: optuna.Study, lr_study: LrStudyConfig) -> int:
     return lr_study.trials + study.user_attrs.get("widened", 0) * math.ceil(lr_study.trials / 2)
 
 
-def run(cfg: DictConfig, overrides: list[str], folder: Path) -> Summary:
+def run(cfg: TrainCore, overrides: list[str], folder: Path) -> Summary:
     """Run (or continue, or help run) the study of ``cfg``'s trials until it holds its trials;
     each trial a child ``ablate.train`` with ``overrides``, its job folder under ``folder``."""
     check(cfg)
@@ -236,7 +236,7 @@ def run(cfg: DictConfig, overrides: list[str], folder: Path) -> Summary:
 
 
 def _trial(
-    study: optuna.Study, trial: optuna.Trial, cfg: DictConfig, overrides: list[str], folder: Path
+    study: optuna.Study, trial: optuna.Trial, cfg: TrainCore, overrides: list[str], folder: Path
 ) -> float:
     """One trial: its lr, then its run (an earlier try's, or a new child process's)."""
     ahead = [t for t in study.get_trials(deepcopy=False, states=COUNTED) if t.number < trial.number]
@@ -285,7 +285,7 @@ def _run_of(tracking: TrackingConfig, name: str, numbers: list[int]):
     return None
 
 
-def _result(cfg: DictConfig, trial: optuna.Trial, run) -> float:
+def _result(cfg: TrainCore, trial: optuna.Trial, run) -> float:
     """The trial's objective from its run; a pruned run is ended KILLED (no candidate, never
     reused by skip_finished) and the trial told PRUNED."""
     if run.data.tags.get(PRUNED_TAG) == "true":

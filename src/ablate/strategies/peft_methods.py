@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
-
 from ablate import config
 from ablate.errors import AblateError
 from ablate.freeze_keys import Key
@@ -232,7 +230,7 @@ def register(method: Method) -> Method:
 LR_SOURCE = re.compile(r"#\s*default lr, not tuned here:\s*(.+)\n\s*lr:")
 
 
-def untuned_lr(cfg: DictConfig, option: str) -> str | None:
+def untuned_lr(cfg: config.TrainCore, option: str) -> str | None:
     """For a run of a peft method (``freeze=option``) at an lr no study chose
     (neither its strategy's best, tagged ``TUNED_TAG``, nor a study's trial, tagged
     ``STUDY_TAG``), the line that says so: the option's default lr and its source

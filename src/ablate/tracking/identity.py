@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ablate import config
 from ablate.data.files import extra_test_paths, locate, sha256_of
@@ -22,7 +22,7 @@ from ablate.errors import AblateError
 from ablate.models.source import source_fingerprint
 
 
-def left_out(cfg: DictConfig) -> list[str]:
+def left_out(cfg: config.TrainCore) -> list[str]:
     """The dotted keys of ``cfg`` that its identity leaves out: those not part of any identity,
     and keys added since identities were first recorded while they keep their default."""
     out = []
@@ -36,7 +36,7 @@ def left_out(cfg: DictConfig) -> list[str]:
     return out
 
 
-def identity(cfg: DictConfig, data_sha256: Mapping[str, str] | None = None) -> str:
+def identity(cfg: config.TrainCore, data_sha256: Mapping[str, str] | None = None) -> str:
     """sha256 of the resolved config without the keys ``left_out`` names, plus the sha256 of each
     data split file (``data_sha256``, else located now) and ``data.extra_test`` file.
 

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from ablate import config
 from ablate.switches import SWITCHES
@@ -57,7 +57,7 @@ def option_keys(freeze: str) -> frozenset[str]:
 
 
 def selected(
-    cfg: DictConfig, strategy_keys: Iterable[str], named: Iterable[str] = ()
+    cfg: config.TrainCore, strategy_keys: Iterable[str], named: Iterable[str] = ()
 ) -> dict[str, Any]:
     """The params of a run of ``cfg``: ``strategy_keys`` are the ``freeze`` keys its strategy
     reads, ``named`` the keys given on the command line (a switch named there is kept even at

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ablate import config, overrides
 from ablate.config import project_root
@@ -55,7 +55,7 @@ _NAMED = (
 )
 
 
-def run_name(cfg: DictConfig) -> str:
+def run_name(cfg: config.TrainCore) -> str:
     """``{data}-{freeze}-{model}-s{seed}``, then the job's other command-line overrides that
     change what it computes (``epochs=1``, ``smoke`` for ``experiment=smoke``), so runs of two
     different configurations are told apart."""

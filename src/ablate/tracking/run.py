@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ablate.errors import AblateError
 from ablate.tracking import ui_links
@@ -32,6 +32,9 @@ from ablate.tracking.parent import REUSED, adopt, in_multirun, recorded, sweep_p
 from ablate.tracking.provenance import environment, git_tags, process, run_name, sweep_tags
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
 from ablate.tracking.store import prepare
+
+if TYPE_CHECKING:
+    from ablate.config import TrainCore
 
 log = logging.getLogger("ablate")
 # MLflow's system-metrics monitor announces every start and stop; its warnings still show.
@@ -77,7 +80,7 @@ class Run:
     Every record goes through the run's ``Journal`` (its job folder), so a tracking server
     that goes away for a while loses nothing."""
 
-    def __init__(self, run_id: str, cfg: DictConfig, journal: Journal, resumed=None):
+    def __init__(self, run_id: str, cfg: TrainCore, journal: Journal, resumed=None):
         self.id = run_id
         self.cfg = cfg
         self.journal = journal
@@ -166,7 +169,7 @@ RUN_INFO = "run.json"
 LIVENESS = ("ablate.process", "ablate.heartbeat")
 
 
-def finished_twin(cfg: DictConfig):
+def finished_twin(cfg: TrainCore):
     """The newest FINISHED run whose config is identical to ``cfg`` (see ``identity``), or None."""
     experiment_id = prepare(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.stale_after_min)
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
@@ -175,7 +178,7 @@ def finished_twin(cfg: DictConfig):
 
 @contextmanager
 def start_run(
-    cfg: DictConfig,
+    cfg: TrainCore,
     data_sha256: Mapping[str, str] | None = None,
     strategy_keys: Iterable[str] | None = None,
     resumable: Callable[[Any], bool] | None = None,

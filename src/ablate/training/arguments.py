@@ -5,13 +5,12 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
 from transformers import TrainingArguments
 
 from ablate.errors import AblateError
 
 if TYPE_CHECKING:
-    from ablate.config import TrainerCore
+    from ablate.config import TrainCore, TrainerCore
 
 
 def check(trainer: TrainerCore) -> None:
@@ -30,7 +29,7 @@ def check(trainer: TrainerCore) -> None:
 
 
 def training_arguments(
-    cfg: DictConfig, output_dir: str, device: str = "cpu", **speed: Any
+    cfg: TrainCore, output_dir: str, device: str = "cpu", **speed: Any
 ) -> TrainingArguments:
     """TrainingArguments from ``trainer`` and ``seed``: dev evaluation and logging per epoch, one
     checkpoint per epoch kept until the run finishes; ``speed``: the plugins' fields."""
@@ -59,7 +58,7 @@ def training_arguments(
     )
 
 
-def early_stopping_arguments(cfg: DictConfig) -> dict:
+def early_stopping_arguments(cfg: TrainCore) -> dict:
     """TrainingArguments for ``trainer.early_stopping_patience`` ({} when null): track the task's
     primary dev metric and load the best epoch's checkpoint when training ends.
 

@@ -8,7 +8,6 @@ import tempfile
 from typing import TYPE_CHECKING
 
 import numpy as np
-from omegaconf import DictConfig
 from transformers import EarlyStoppingCallback, PrinterCallback
 
 from ablate import plugins
@@ -28,12 +27,12 @@ from ablate.training.resources import peak_rss_mb
 from ablate.training.trainer import CoreTrainer, trainer_class
 
 if TYPE_CHECKING:
-    from ablate.config import DataCore
+    from ablate.config import DataCore, TrainCore
 
 log = logging.getLogger(__name__)
 
 
-def fit(cfg: DictConfig, prep: Prepared, record: Recorder) -> dict[str, float]:
+def fit(cfg: TrainCore, prep: Prepared, record: Recorder) -> dict[str, float]:
     """Train on train, evaluate dev every epoch and test (and ``data.extra_test``) at the end;
     record everything. ``trainer.early_stopping_patience`` may end training early."""
     counts = record_inputs(cfg.data, prep, record)
@@ -136,7 +135,7 @@ def record_inputs(data: DataCore, prep: Prepared, record: Recorder) -> dict[str,
 
 
 def build_trainer(
-    cfg: DictConfig,
+    cfg: TrainCore,
     task: Task,
     applied: Applied,
     features: dict[str, list[dict]],

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from transformers import set_seed
 
 from ablate import plugins, strategies, switches, tasks
@@ -28,7 +28,7 @@ from ablate.training import arguments
 from ablate.training.resources import set_wait_policy, torch_threads
 
 if TYPE_CHECKING:
-    from ablate.config import DataConfig, DataCore
+    from ablate.config import DataConfig, DataCore, TrainCore
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def check_scored(name: str, features: list, sentences: list, task: tasks.Task) -
         raise AblateError(f"{name}: {scored} {task.item_name} encoded for scoring, gold has {gold}")
 
 
-def check_switches(cfg: DictConfig) -> None:
+def check_switches(cfg: TrainCore) -> None:
     """Refuse a switch set to a value outside its choices (``ablate.switches``)."""
     for switch in switches.SWITCHES:
         value = OmegaConf.select(cfg, switch.key)
@@ -110,7 +110,7 @@ def cache_dir(data: DataConfig) -> Path | None:
     return path
 
 
-def prepare(cfg: DictConfig) -> Prepared:
+def prepare(cfg: TrainCore) -> Prepared:
     """Load and check everything ``cfg`` needs, in this process; nothing is recorded."""
     threads = torch_threads(cfg.trainer)
     torch.set_num_threads(threads)
