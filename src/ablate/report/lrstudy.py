@@ -93,7 +93,7 @@ def pruning(archives: Mapping[str, Archive]) -> str:
         "best lr",
         "its dev (%)",
     ]
-    return markdown_table(cells, columns)
+    return markdown_table(cells, columns, right=columns[2:])
 
 
 def _points(run: ArchivedRun) -> dict[str, list[float]]:
