@@ -397,7 +397,9 @@ def test_the_results_pages_blocks_read_the_reports_files(cli):
         f"{all_.delta_dev_pt:+.2f} points of dev accuracy" in findings
     )
     commit = pd.read_csv(cli.out / "runs.csv").git_commit.iloc[0][:7]
-    assert docs.results.results_provenance(path).startswith("4 runs (all, none; seeds 1, 2), started ")
+    assert docs.results.results_provenance(path).startswith(
+        "4 runs (all, none; seeds 1, 2), started "
+    )
     assert f"from commit {commit};" in docs.results.results_provenance(path)
 
 
