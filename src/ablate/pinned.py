@@ -47,10 +47,11 @@ class Choices:
         self.repo, self.config_name = repo, config_name
         # group choices and Hydra's own settings (a search path): what picks the options
         self.base = [
-            o.input_line for o in parsed
+            o.input_line
+            for o in parsed
             if not o.is_sweep_override()
             and (repo.is_group(o.key_or_group) or o.is_hydra_override())
-        ]  # fmt: skip
+        ]
         self.given = {o.key_or_group: o for o in parsed if repo.is_group(o.key_or_group)}
 
     def compose(self, *extra: str) -> DictConfig:
@@ -116,10 +117,13 @@ def _problem(
 def problems(repo: Any, parsed: list[Override], config_name: str) -> Iterator[str]:
     """One message per override of a key that a chosen option does not read."""
     keyed = [
-        o for o in parsed
-        if not o.is_delete() and "." in o.key_or_group and not o.is_hydra_override()
+        o
+        for o in parsed
+        if not o.is_delete()
+        and "." in o.key_or_group
+        and not o.is_hydra_override()
         and repo.is_group(o.key_or_group.partition(".")[0])
-    ]  # fmt: skip
+    ]
     choices = Choices(repo, parsed, config_name)
     inputs = config.flags("option_input")
     for o in keyed:

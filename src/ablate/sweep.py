@@ -60,9 +60,10 @@ def _sweep_name(config: DictConfig) -> str:
 
     identity = schema.flags("identity")
     kept = [
-        o for o in config.hydra.overrides.task
+        o
+        for o in config.hydra.overrides.task
         if identity.get(o.lstrip("+~").partition("=")[0], True)
-    ]  # fmt: skip
+    ]
     return " ".join(["sweep", *kept])[:250]
 
 
@@ -137,10 +138,13 @@ class Sweep(Callback):
         if _is_train(config) and (grid := _grid(config)) is not None:
             client.set_tag(run.info.run_id, parent.GRID, json.dumps(grid))
         self.parent = {
-            "id": run.info.run_id, "uri": uri, "experiment": config.tracking.experiment,
-            "sweep_dir": sweep_dir, "ended": False,
+            "id": run.info.run_id,
+            "uri": uri,
+            "experiment": config.tracking.experiment,
+            "sweep_dir": sweep_dir,
+            "ended": False,
             "overrides": list(config.hydra.overrides.task) if _is_train(config) else None,
-        }  # fmt: skip
+        }
         atexit.register(self._end, completed=False)  # a failed or interrupted sweep ends too
         pass_on(self._stopped)  # a stop signal reaches the jobs, then ends the sweep KILLED
         if self.preloaded:  # this process only waits for the jobs from here on
@@ -159,15 +163,25 @@ class Sweep(Callback):
             return
         p["ended"] = True
         end_sweep(
-            p["id"], p["uri"], p["experiment"], p["sweep_dir"], completed, stopped_by,
+            p["id"],
+            p["uri"],
+            p["experiment"],
+            p["sweep_dir"],
+            completed,
+            stopped_by,
             p["overrides"],
-        )  # fmt: skip
+        )
 
 
 def end_sweep(
-    run_id: str, uri: str, experiment: str, sweep_dir: str, completed: bool,
-    stopped_by: str | None = None, overrides: list[str] | None = None,
-) -> str:  # fmt: skip
+    run_id: str,
+    uri: str,
+    experiment: str,
+    sweep_dir: str,
+    completed: bool,
+    stopped_by: str | None = None,
+    overrides: list[str] | None = None,
+) -> str:
     """Close a sweep's parent run: its status from its runs' (its children and the FINISHED runs
     its skipped jobs reused; KILLED when a signal ``stopped_by`` stopped it), the params its runs
     share, a metric per strategy (the seeds' mean), the summary as its description and the report

@@ -36,9 +36,14 @@ FOLDER = ".workers"
 LAUNCHER = "hydra_plugins.ablate_launcher.PreloadedLauncher"
 # What a job imports first; a model's own modules load when the job builds it.
 PRELOAD = (
-    "torch", "mlflow", "transformers", "ablate.tracking.run", "ablate.strategies.peft_methods",
-    "ablate.training.prepare", "ablate.training.fit",
-)  # fmt: skip
+    "torch",
+    "mlflow",
+    "transformers",
+    "ablate.tracking.run",
+    "ablate.strategies.peft_methods",
+    "ablate.training.prepare",
+    "ablate.training.fit",
+)
 # Loaded on a job's first use where installed: the sqlite store's migrations check (alembic),
 # the task's per-label report (scikit-learn), the run's git tags.
 LATER = ("mlflow.store.tracking.sqlalchemy_store", "sklearn.metrics", "git")
@@ -86,13 +91,20 @@ def start(config: DictConfig) -> bool:
     seconds = round(time.perf_counter() - t0, 3)
     folder = Path(config.hydra.sweep.dir).resolve() / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"token": uuid.uuid4().hex[:8], "sweep": os.getpid(), "workers": workers,
-              "wait_policy": policy, "modules": list(PRELOAD) if forked else [],
-              "seconds": seconds}  # fmt: skip
+    record = {
+        "token": uuid.uuid4().hex[:8],
+        "sweep": os.getpid(),
+        "workers": workers,
+        "wait_policy": policy,
+        "modules": list(PRELOAD) if forked else [],
+        "seconds": seconds,
+    }
     _pool = cf.ProcessPoolExecutor(
-        workers, multiprocessing.get_context("fork" if forked else "spawn"),
-        initializer=_begin, initargs=(str(folder), record),
-    )  # fmt: skip
+        workers,
+        multiprocessing.get_context("fork" if forked else "spawn"),
+        initializer=_begin,
+        initargs=(str(folder), record),
+    )
     _pool.submit(int).result()  # forks all the workers now, before this process opens a store
     return True
 
@@ -129,10 +141,16 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
     for idx, overrides in enumerate(job_overrides):
         log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
     jobs = [
-        (initial_job_idx + idx, list(overrides), launcher.hydra_context, config,
-         launcher.task_function, Singleton.get_state())
+        (
+            initial_job_idx + idx,
+            list(overrides),
+            launcher.hydra_context,
+            config,
+            launcher.task_function,
+            Singleton.get_state(),
+        )
         for idx, overrides in enumerate(job_overrides)
-    ]  # fmt: skip
+    ]
     if _pool is None:
         return [execute_job(*job) for job in jobs]
     return _run(_pool, jobs, count(config.hydra.launcher) or 1)
@@ -188,9 +206,12 @@ def execute_job(idx: int, overrides, hydra_context, config, task_function, singl
         sweep_config.hydra.job.num = idx
     HydraConfig.instance().set_config(sweep_config)
     return run_job(
-        hydra_context=hydra_context, config=sweep_config, task_function=task_function,
-        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
-    )  # fmt: skip
+        hydra_context=hydra_context,
+        config=sweep_config,
+        task_function=task_function,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
 
 
 def release() -> None:

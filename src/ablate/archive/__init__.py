@@ -182,11 +182,15 @@ def read(folder: str | Path) -> Archive:
         names = sorted(p.relative_to(art).as_posix() for p in art.rglob("*") if p.is_file())
         runs.append(
             ArchivedRun(
-                run_dir, _json(run_dir / "info.json"), _json(run_dir / "params.json"),
-                _json(run_dir / "tags.json"), _json(run_dir / "inputs.json"),
-                _metrics(run_dir / "metrics.tsv"), names,
+                run_dir,
+                _json(run_dir / "info.json"),
+                _json(run_dir / "params.json"),
+                _json(run_dir / "tags.json"),
+                _json(run_dir / "inputs.json"),
+                _metrics(run_dir / "metrics.tsv"),
+                names,
             )
-        )  # fmt: skip
+        )
     return Archive(folder, index, runs)
 
 

@@ -31,16 +31,20 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--data", nargs="+", help="only these datasets (the `data` param)")
     out.add_argument("--model", nargs="+", help="only these models (the `model` param)")
     scope = out.add_mutually_exclusive_group()
-    scope.add_argument("--sweep", help="the runs of this sweep: its multirun folder, or 'latest' "
-                       "(the default: the newest sweep that has runs)")  # fmt: skip
+    scope.add_argument(
+        "--sweep",
+        help="the runs of this sweep: its multirun folder, or 'latest' "
+        "(the default: the newest sweep that has runs)",
+    )
     scope.add_argument("--all", action="store_true", help="every run of the experiment")
     out.add_argument("--status", nargs="+", help="only runs with these statuses")
     out.add_argument("--metric", help="primary metric (default: from each run's data.task)")
     into = sub.add_parser(
-        "import", help="load an archive into a store; twice adds nothing",
+        "import",
+        help="load an archive into a store; twice adds nothing",
         description="Load an archive into an MLflow store (sqlite, a team server), each run "
         "once: runs it already holds are left as they are.",
-    )  # fmt: skip
+    )
     into.add_argument("dir", type=Path, help="the archive folder")
     into.add_argument("--uri", help=_URI_HELP)
     return parser
@@ -58,8 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             args.uri = uri
             counts = export(args, args.dir)
-            what = ", ".join(f"{n} {role}{'s' if n != 1 else ''}" for role, n in
-                             sorted(counts.items()))  # fmt: skip
+            what = ", ".join(
+                f"{n} {role}{'s' if n != 1 else ''}" for role, n in sorted(counts.items())
+            )
             print(f"archived {what} from {uri} to {args.dir}")
         else:
             from ablate.archive.import_ import import_archive

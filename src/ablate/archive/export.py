@@ -54,8 +54,10 @@ def _study_trials(client: MlflowClient, run) -> list:
     try:
         trial = client.get_run(run.data.tags[TUNED_TAG])
     except MlflowException:
-        print(f"note: the lr-study trial {run.data.tags[TUNED_TAG]} of {run.info.run_name} is "
-              "no longer in the store: its study is not archived")  # fmt: skip
+        print(
+            f"note: the lr-study trial {run.data.tags[TUNED_TAG]} of {run.info.run_name} is "
+            "no longer in the store: its study is not archived"
+        )
         return []
     study = trial.data.tags.get("study")
     if not study:
@@ -103,11 +105,15 @@ def _inputs(run) -> list[dict[str, Any]]:
         ds = d.dataset
         out.append(
             {
-                "name": ds.name, "digest": ds.digest, "source_type": ds.source_type,
-                "source": ds.source, "schema": ds.schema, "profile": ds.profile,
+                "name": ds.name,
+                "digest": ds.digest,
+                "source_type": ds.source_type,
+                "source": ds.source,
+                "schema": ds.schema,
+                "profile": ds.profile,
                 "tags": {t.key: t.value for t in d.tags},
             }
-        )  # fmt: skip
+        )
     return sorted(out, key=dumps)
 
 
@@ -117,13 +123,17 @@ def _write_run(client: MlflowClient, run, experiment: str, folder: Path) -> None
     (folder / "info.json").write_text(
         dumps(
             {
-                "run_id": info.run_id, "run_name": info.run_name, "experiment": experiment,
-                "status": info.status, "start_time": info.start_time, "end_time": info.end_time,
+                "run_id": info.run_id,
+                "run_name": info.run_name,
+                "experiment": experiment,
+                "status": info.status,
+                "start_time": info.start_time,
+                "end_time": info.end_time,
                 "lifecycle_stage": info.lifecycle_stage,
             }
         ),
         encoding="utf-8",
-    )  # fmt: skip
+    )
     (folder / "params.json").write_text(dumps(dict(run.data.params)), encoding="utf-8")
     (folder / "tags.json").write_text(dumps(dict(run.data.tags)), encoding="utf-8")
     (folder / "inputs.json").write_text(dumps(_inputs(run)), encoding="utf-8")
@@ -189,12 +199,14 @@ def export(args: Namespace, out: Path) -> dict[str, int]:
         "report": ["python", "-m", "ablate.report", *report_args(scope)],
         "runs": [
             {
-                "run_id": r.info.run_id, "run_name": r.info.run_name, "role": role,
+                "run_id": r.info.run_id,
+                "run_name": r.info.run_name,
+                "role": role,
                 "experiment": names[r.info.experiment_id],
             }
             for r, role in order
         ],
-    }  # fmt: skip
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     # written beside, then swapped in: an export that fails leaves the earlier archive whole
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

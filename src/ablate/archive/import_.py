@@ -81,12 +81,14 @@ def plan(archive: Archive, uri: str) -> Plan:
                 if run.info.status == "FINISHED" and IDENTITY_TAG in tags:
                     finished.setdefault((name, tags[IDENTITY_TAG]), run)
     except MlflowException as exc:
-        raise AblateError(f"{uri}: the MLflow store is not readable ({exc}); pass another with "
-                          "--uri") from exc  # fmt: skip
+        raise AblateError(
+            f"{uri}: the MLflow store is not readable ({exc}); pass another with --uri"
+        ) from exc
     for run in archive.runs:
         name = run.info["experiment"]
-        there = next((by_alias[(name, a)] for a in sorted(run.aliases) if (name, a) in by_alias),
-                     None)  # fmt: skip
+        there = next(
+            (by_alias[(name, a)] for a in sorted(run.aliases) if (name, a) in by_alias), None
+        )
         if there is not None:
             out.held[run.run_id] = there
             continue
@@ -113,8 +115,9 @@ def _remap(tags: dict[str, str], ids: dict[str, str]) -> dict[str, str]:
     out = {k: ids.get(v, v) if names_a_run(k) else v for k, v in tags.items()}
     if MOVED_TAG in out:
         with contextlib.suppress(ValueError, TypeError, AttributeError):
-            moved = [{**m, "sweep": ids.get(m["sweep"], m["sweep"])}
-                     for m in json.loads(out[MOVED_TAG])]  # fmt: skip
+            moved = [
+                {**m, "sweep": ids.get(m["sweep"], m["sweep"])} for m in json.loads(out[MOVED_TAG])
+            ]
             out[MOVED_TAG] = json.dumps(moved)
     return out
 
@@ -145,7 +148,7 @@ def _write(client: MlflowClient, run: ArchivedRun, new_id: str, ids: dict[str, s
                         d.get("profile"),
                     ),
                     tags=[InputTag(k, v) for k, v in sorted(d["tags"].items())],
-                )  # fmt: skip
+                )
                 for d in run.inputs
             ],
         )
@@ -180,9 +183,10 @@ def apply(archive: Archive, todo: Plan) -> list[str]:
             current = run
             name = run.info.get("run_name") or ""
             new = client.create_run(
-                experiments[run.info["experiment"]], start_time=run.info["start_time"],
+                experiments[run.info["experiment"]],
+                start_time=run.info["start_time"],
                 tags={MLFLOW_RUN_NAME: name, ORIGIN_TAG: run.tags.get(ORIGIN_TAG, run.run_id)},
-            )  # fmt: skip
+            )
             created.append(new.info.run_id)
             ids[run.run_id] = new.info.run_id
         for run in todo.create:

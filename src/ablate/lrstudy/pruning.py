@@ -67,6 +67,11 @@ class ReportToStudy(TrainerCallback):
         self.trial.report(metrics[f"eval_{self.primary}"], epoch)
         if epoch < round(args.num_train_epochs) and self.trial.should_prune():
             self.record.tags({PRUNED_TAG: "true", PRUNED_EPOCH_TAG: str(epoch)})
-            log.info("lr study: trial %d pruned after epoch %d (its dev %s is below the median "
-                     "of earlier trials')", self.trial.number, epoch, self.primary)  # fmt: skip
+            log.info(
+                "lr study: trial %d pruned after epoch %d (its dev %s is below the median "
+                "of earlier trials')",
+                self.trial.number,
+                epoch,
+                self.primary,
+            )
             control.should_training_stop = True

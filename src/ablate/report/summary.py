@@ -63,9 +63,11 @@ def own_keys(runs: pd.DataFrame) -> frozenset[str]:
     for freeze, recorded in (
         runs[["freeze", "option_keys"]].drop_duplicates().itertuples(index=False)
     ):
-        keys |= set(filter(None, recorded.split(","))) if isinstance(recorded, str) else (
-            option_keys(freeze)
-        )  # fmt: skip
+        keys |= (
+            set(filter(None, recorded.split(",")))
+            if isinstance(recorded, str)
+            else (option_keys(freeze))
+        )
     return frozenset(keys)
 
 
@@ -218,8 +220,13 @@ def build(
         for strategy in strategy_order(group.freeze):
             cell = group[group.freeze == strategy].sort_values("seed")
             metric = cell.metric.iloc[0]
-            head = {"panel": panel, "data": data, "model": model, "settings": described,
-                    "strategy": strategy}  # fmt: skip
+            head = {
+                "panel": panel,
+                "data": data,
+                "model": model,
+                "settings": described,
+                "strategy": strategy,
+            }
             rows.append({**head, "metric": metric, **summary_row(cell, base, preds, boot)})
         if differ := _differing_settings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")

@@ -200,10 +200,11 @@ def _before_request():
     body = _json_body(request) if route in _BODY_ROUTES else {}
     if route == "mlflow/experiments/create" and body.get("artifact_location"):
         return _json_error(
-            400, "INVALID_PARAMETER_VALUE",
+            400,
+            "INVALID_PARAMETER_VALUE",
             "artifact_location: this server keeps every experiment's artifacts in its own "
             "store; create the experiment without one",
-        )  # fmt: skip
+        )
     if route in _PASSWORD_ROUTES and request.method in ("POST", "PATCH"):
         password = body.get("password") or request.form.get("password") or ""
         name = body.get("username") or request.form.get("username") or ""

@@ -234,11 +234,21 @@ def _start_mlflow(
     host = state.get("host", "127.0.0.1")
     env = {**NO_JOBS, **service_env(folder), **auth_env}
     cmd = [
-        sys.executable, "-m", "mlflow", "server",
-        "--backend-store-uri", db_url,
-        "--artifacts-destination", str(folder / ARTIFACTS),
-        "--host", host, "--port", str(port), "--workers", "2",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        db_url,
+        "--artifacts-destination",
+        str(folder / ARTIFACTS),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "2",
+    ]
     if "MLFLOW_AUTH_CONFIG_PATH" in auth_env:
         cmd += ["--app-name", APP_NAME]
     if host not in LOOPBACK:
@@ -326,11 +336,16 @@ def main(argv: list[str] | None = None) -> None:
     begin.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
     begin.add_argument("--port", type=int, default=5000, help="MLflow server port")
     begin.add_argument("--pg-port", type=int, default=0, help="PostgreSQL's port (0: a free one)")
-    begin.add_argument("--max-upload-mb", type=int, default=DEFAULT_MAX_UPLOAD_MB,
-                       help="largest upload (an artifact) the server takes, in MB")  # fmt: skip
+    begin.add_argument(
+        "--max-upload-mb",
+        type=int,
+        default=DEFAULT_MAX_UPLOAD_MB,
+        help="largest upload (an artifact) the server takes, in MB",
+    )
     begin.add_argument("--db-url", default=None, help="existing database (SQLAlchemy URL)")
-    begin.add_argument("--study-port", type=int, default=0,
-                       help="the lr-study storage's port (0: a free one)")  # fmt: skip
+    begin.add_argument(
+        "--study-port", type=int, default=0, help="the lr-study storage's port (0: a free one)"
+    )
     begin.add_argument("--allowed-hosts", default="", help="more names clients use, a,b")
     sub.add_parser("stop", help="stop what start started")
     member = sub.add_parser("member", help="add a member, or change its role")
@@ -343,10 +358,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.action == "start":
             extra = tuple(h for h in args.allowed_hosts.split(",") if h)
-            uri = start(args.dir, args.port, args.pg_port, args.db_url, host=args.host,
-                        auth=True, allowed_hosts=extra,
-                        max_upload_mb=args.max_upload_mb,
-                        study_port=args.study_port)  # fmt: skip
+            uri = start(
+                args.dir,
+                args.port,
+                args.pg_port,
+                args.db_url,
+                host=args.host,
+                auth=True,
+                allowed_hosts=extra,
+                max_upload_mb=args.max_upload_mb,
+                study_port=args.study_port,
+            )
             shown = uri if args.host in LOOPBACK else f"http://<this host>:{args.port}"
             print(f"MLflow server at {shown} with authentication (logs in {args.dir});")
             print(f"  the admin's password is in {args.dir / CREDENTIALS} (MLflow's format)")

@@ -63,8 +63,9 @@ class _Users:
         self._call("GET", "/api/2.0/mlflow/users/get", params={"username": name})
 
     def create_user(self, name: str, password: str) -> None:
-        self._call("POST", "/api/2.0/mlflow/users/create",
-                   json={"username": name, "password": password})  # fmt: skip
+        self._call(
+            "POST", "/api/2.0/mlflow/users/create", json={"username": name, "password": password}
+        )
 
     def update_user_password(self, name: str, password: str, current_password=None) -> None:
         body = {"username": name, "password": password}
@@ -73,9 +74,16 @@ class _Users:
         self._call("PATCH", "/api/2.0/mlflow/users/update-password", json=body)
 
     def grant_user_permission(self, name: str, kind: str, pattern: str, level: str) -> None:
-        self._call("POST", "/api/3.0/mlflow/users/permissions/grant", json={
-            "username": name, "resource_type": kind, "resource_id": pattern, "permission": level,
-        })  # fmt: skip
+        self._call(
+            "POST",
+            "/api/3.0/mlflow/users/permissions/grant",
+            json={
+                "username": name,
+                "resource_type": kind,
+                "resource_id": pattern,
+                "permission": level,
+            },
+        )
 
     def revoke_user_permission(self, name: str, kind: str, pattern: str) -> None:
         body = {"username": name, "resource_type": kind, "resource_id": pattern}

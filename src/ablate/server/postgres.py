@@ -94,17 +94,30 @@ def _write_passfile(folder: Path, password: str, owner: tuple[int, int] | None) 
 
 def _hba(superuser: str) -> str:
     # the superuser only on the socket as its own OS user; everyone else by password
-    rules = [f"local all {superuser} peer", f"local all all {_AUTH}",
-             f"host all all 127.0.0.1/32 {_AUTH}", f"host all all ::1/128 {_AUTH}"]  # fmt: skip
+    rules = [
+        f"local all {superuser} peer",
+        f"local all all {_AUTH}",
+        f"host all all 127.0.0.1/32 {_AUTH}",
+        f"host all all ::1/128 {_AUTH}",
+    ]
     return "\n".join(rules) + "\n"
 
 
 def _initdb(data: Path) -> None:
     private_dir(data, _postgres_owner())
-    _run(_as_postgres([
-        pg_bin("initdb"), "-D", str(data), "-U", _superuser(), "--auth-local=peer",
-        f"--auth-host={_AUTH}",
-    ]))  # fmt: skip
+    _run(
+        _as_postgres(
+            [
+                pg_bin("initdb"),
+                "-D",
+                str(data),
+                "-U",
+                _superuser(),
+                "--auth-local=peer",
+                f"--auth-host={_AUTH}",
+            ]
+        )
+    )
     write_private(data / "pg_hba.conf", _hba(_superuser()), _postgres_owner())
 
 
@@ -112,10 +125,25 @@ def _psql(folder: Path, port: int, sql: str) -> None:
     """``sql`` as the cluster's superuser, on the socket (on stdin: `ps` shows command lines
     to every user)."""
     _run(
-        _as_postgres([pg_bin("psql"), "-X", "-q", "-h", str(folder / RUN), "-p", str(port),
-                      "-U", _superuser(), "-d", "postgres", "-v", "ON_ERROR_STOP=1"]),
+        _as_postgres(
+            [
+                pg_bin("psql"),
+                "-X",
+                "-q",
+                "-h",
+                str(folder / RUN),
+                "-p",
+                str(port),
+                "-U",
+                _superuser(),
+                "-d",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+            ]
+        ),
         input=sql,
-    )  # fmt: skip
+    )
 
 
 def _create_database(name: str) -> str:
@@ -157,14 +185,29 @@ def _close_trust(folder: Path, data: Path, port: int, server: tuple[int, int] | 
         )
     password = new_password()
     _run(
-        [pg_bin("psql"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, "-d", "postgres",
-         "-v", "ON_ERROR_STOP=1", "-q"],
+        [
+            pg_bin("psql"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            USER,
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-q",
+        ],
         input=f"ALTER ROLE {USER} PASSWORD '{password}';\n",
-    )  # fmt: skip
+    )
     _write_passfile(folder, password, server)
     kept = [line for line in hba.read_text().splitlines() if line.lstrip().startswith("#")]
-    rules = [f"local all all {_AUTH}", f"host all all 127.0.0.1/32 {_AUTH}",
-             f"host all all ::1/128 {_AUTH}"]  # fmt: skip
+    rules = [
+        f"local all all {_AUTH}",
+        f"host all all 127.0.0.1/32 {_AUTH}",
+        f"host all all ::1/128 {_AUTH}",
+    ]
     write_private(hba, "\n".join([*kept, *rules]) + "\n", _postgres_owner())
     _run(_as_postgres([pg_bin("pg_ctl"), "-D", str(data), "reload"]))
 
@@ -175,13 +218,28 @@ def _demote(folder: Path, data: Path, port: int) -> None:
     ordinary owner of its database."""
     su = _superuser()
     proc = subprocess.run(
-        [pg_bin("psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(port), "-U", USER,
-         "-d", "postgres", "-v", "ON_ERROR_STOP=1"],
+        [
+            pg_bin("psql"),
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            USER,
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+        ],
         input=f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{su}') THEN "
         f'CREATE ROLE "{su}" SUPERUSER LOGIN; END IF; END$$;\nSET ROLE "{su}";\n'
         f"ALTER ROLE {USER} NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION;\n",
-        capture_output=True, text=True, env=client_env(folder),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=client_env(folder),
+    )
     if proc.returncode != 0:  # PostgreSQL 16 and later keep their first role a superuser
         raise AblateError(
             f"the database role {USER} of {data} is its cluster's superuser (made by an earlier "
@@ -212,12 +270,22 @@ def start_postgres(folder: Path, port: int, server: tuple[int, int] | None = Non
     private_dir(run, _postgres_owner())  # the socket and the log
     log = run / LOG
     proc = subprocess.run(
-        _as_postgres([
-            pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-w",
-            "-o", f"-p {port} -k {run} -c listen_addresses=127.0.0.1", "start",
-        ]),
-        capture_output=True, text=True,
-    )  # fmt: skip
+        _as_postgres(
+            [
+                pg_bin("pg_ctl"),
+                "-D",
+                str(data),
+                "-l",
+                str(log),
+                "-w",
+                "-o",
+                f"-p {port} -k {run} -c listen_addresses=127.0.0.1",
+                "start",
+            ]
+        ),
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise AblateError(f"PostgreSQL did not start on port {port}: {_log_cause(log)} ({log})")
     try:

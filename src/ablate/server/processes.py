@@ -49,9 +49,14 @@ def spawn(
         cmd = as_service(cmd, owner, [Path(sys.prefix), Path(ablate.__file__).parent, folder])
     try:
         return subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            cwd=folder / HOME, umask=0o077,
-        )  # fmt: skip
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd=folder / HOME,
+            umask=0o077,
+        )
     finally:
         os.close(log)
 
@@ -63,10 +68,20 @@ def start_studies(
     users and failed logins, once it answers on ``port``."""
     host = state.get("host", "127.0.0.1")
     cmd = [
-        sys.executable, "-m", "ablate.server.studies", "--db-url", db_url, "--host", host,
-        "--port", str(port), "--users-db", str(folder / HOME / AUTH_DB),
-        "--logins", logins,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ablate.server.studies",
+        "--db-url",
+        db_url,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--users-db",
+        str(folder / HOME / AUTH_DB),
+        "--logins",
+        logins,
+    ]
     proc = spawn(folder, cmd, service_env(folder), owner, STUDY_LOG)
     state.update(study_pid=proc.pid, study_started=procs.started(proc.pid), study_port=port)
     write_private(folder / STATE, json.dumps(state))

@@ -101,8 +101,14 @@ def as_service(cmd: list[str], owner: tuple[int, int], needed: list[Path]) -> li
     """``cmd`` run as the server's user. When Python is installed in a folder it may not pass
     (pyenv under /root), the server gets a mount namespace where only the installation is
     visible there; any other of the ``needed`` paths behind a closed folder is an error."""
-    drop = ["setpriv", f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups",
-            "--no-new-privs", "--"]  # fmt: skip
+    drop = [
+        "setpriv",
+        f"--reuid={owner[0]}",
+        f"--regid={owner[1]}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--",
+    ]
     python = Path(sys.base_prefix).resolve()
     for path in needed:
         if (closed := _closed(path.resolve(), owner[1])) is not None:
@@ -114,5 +120,17 @@ def as_service(cmd: list[str], owner: tuple[int, int], needed: list[Path]) -> li
     if closed is None:
         return [*drop, *cmd]
     top = closed / python.relative_to(closed).parts[0]  # what to mount back in the closed folder
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _REVEAL, "sh",
-            str(top), str(closed), *drop, *cmd]  # fmt: skip
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _REVEAL,
+        "sh",
+        str(top),
+        str(closed),
+        *drop,
+        *cmd,
+    ]

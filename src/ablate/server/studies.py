@@ -81,12 +81,16 @@ class Members(grpc.ServerInterceptor):
         except (binascii.Error, UnicodeDecodeError):
             colon = user = ""
         if scheme.lower() != "basic" or not colon or not user:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "the team server's login (MLflow credentials) is missing")  # fmt: skip
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the team server's login (MLflow credentials) is missing",
+            )
         keys = {"user": user, "address": _peer_address(context.peer())}
         if kind := self.failures.blocked(keys):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"too many failed logins for this {kind}: try again later")  # fmt: skip
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many failed logins for this {kind}: try again later",
+            )
         role = self._role(user, password)
         if role is None:
             self.failures.failed(keys)
@@ -131,13 +135,17 @@ def _heartbeats(storage) -> grpc.GenericRpcHandler:
         return {"trial_ids": storage._get_stale_trial_ids(int(request["study_id"]))}
 
     calls = {"RecordHeartbeat": record, "GetStaleTrialIds": stale, LOGIN: lambda r, c: {}}
-    return grpc.method_handlers_generic_handler(HEARTBEAT_SERVICE, {
-        name: grpc.unary_unary_rpc_method_handler(
-            call, request_deserializer=json.loads,
-            response_serializer=lambda value: json.dumps(value).encode(),
-        )
-        for name, call in calls.items()
-    })  # fmt: skip
+    return grpc.method_handlers_generic_handler(
+        HEARTBEAT_SERVICE,
+        {
+            name: grpc.unary_unary_rpc_method_handler(
+                call,
+                request_deserializer=json.loads,
+                response_serializer=lambda value: json.dumps(value).encode(),
+            )
+            for name, call in calls.items()
+        },
+    )
 
 
 def serve(db_url: str, host: str, port: int, users_db: str, logins: str) -> None:

@@ -46,10 +46,14 @@ def experiments(uri: str) -> list[tuple[str, str, list[str]]]:
     found = MlflowClient(tracking_uri=uri).search_experiments(order_by=["last_update_time DESC"])
     mine = VIEW_TAG + view_key("")
     return [
-        (e.name, e.experiment_id,
-         sorted(t.removeprefix(VIEW_TAG) for t in e.tags if t.startswith(mine)))
-        for e in found if e.name != "Default"
-    ]  # fmt: skip
+        (
+            e.name,
+            e.experiment_id,
+            sorted(t.removeprefix(VIEW_TAG) for t in e.tags if t.startswith(mine)),
+        )
+        for e in found
+        if e.name != "Default"
+    ]
 
 
 def _holder(port: int) -> str:
