@@ -22,6 +22,7 @@ from omegaconf import open_dict
 from ablate.errors import AblateError
 from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_TAG
 from ablate.lrstudy import cli as study_cli
+from ablate.lrstudy import storage as lrstorage
 from ablate.lrstudy import study as lrstudy
 from ablate.lrstudy.runs import best, tuned_lr
 
@@ -53,7 +54,7 @@ def _start(args: list[str], log: Path) -> subprocess.Popen:
 
 def _study(args: list[str]) -> optuna.Study:
     options, overrides = study_cli.for_studies(args)
-    return lrstudy.open_study(study_cli.compose_trial(options[0], overrides))
+    return lrstorage.open_study(study_cli.compose_trial(options[0], overrides))
 
 
 @pytest.mark.heavy
@@ -151,7 +152,7 @@ def _finished(study: optuna.Study, lrs: list[float]) -> None:
 def test_a_best_lr_at_the_edge_widens_the_range_at_most_twice(slice_root, store, tmp_path):
     args = [*slice_overrides(slice_root, store, tmp_path), "freeze=lora", "lr_study.trials=4"]
     cfg = study_cli.compose_trial("lora", study_cli.for_studies(args)[1])
-    study = lrstudy.open_study(cfg)
+    study = lrstorage.open_study(cfg)
     assert study.user_attrs == {"range": [1e-5, 1e-3], "widened": 0}
     _finished(study, [1e-4, 3e-5, 2e-4, 9e-4])  # the best, last: in the top tenth
     assert lrstudy._widen(study, cfg.lr_study)
@@ -167,16 +168,16 @@ def test_a_best_lr_at_the_edge_widens_the_range_at_most_twice(slice_root, store,
     assert note.startswith("warning: freeze=lora: the best lr 0.09 lies in the top tenth")
     assert "after 2 widening(s): it is not interior" in note
     # Each study draws its own lrs: another option's study, same seed, other first draws.
-    other = lrstudy.open_study(study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1]))
+    other = lrstorage.open_study(study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1]))
     assert other.study_name != study.study_name
-    assert other.ask().suggest_float("lr", 1e-5, 1e-3, log=True) != lrstudy.open_study(
+    assert other.ask().suggest_float("lr", 1e-5, 1e-3, log=True) != lrstorage.open_study(
         study_cli.compose_trial("features", study_cli.for_studies(args)[1])
     ).ask().suggest_float("lr", 1e-5, 1e-3, log=True)
 
 
 def test_bad_lr_study_keys_are_one_error_each(tmp_path, capsys):
     cfg = study_cli.compose_trial("lora", [f"tracking.uri=sqlite:///{tmp_path}/m.db"])
-    assert lrstudy.storage_url(cfg) == f"sqlite:///{tmp_path}/lr_study.db"
+    assert lrstorage.storage_url(cfg) == f"sqlite:///{tmp_path}/lr_study.db"
     for key, value, said in [
         ("trials", 0, "lr_study.trials=0: must be at least 1"),
         ("range", [1e-3, 1e-5], "lr_study.range=[0.001, 1e-05]: must be [low, high]"),
@@ -198,7 +199,7 @@ def test_bad_lr_study_keys_are_one_error_each(tmp_path, capsys):
 def test_a_trial_asked_when_the_study_had_its_trials_is_dropped_unrun(slice_root, store, tmp_path):
     args = [*slice_overrides(slice_root, store, tmp_path), "freeze=lora", "lr_study.trials=2"]
     cfg = study_cli.compose_trial("lora", study_cli.for_studies(args)[1])
-    study = lrstudy.open_study(cfg)
+    study = lrstorage.open_study(cfg)
     _finished(study, [1e-4])
     running = study.ask()  # another worker's trial, still running
     late = study.ask()  # asked at the same time: the study's two are taken

@@ -30,7 +30,7 @@ from helpers.store import logged_runs
 from ablate.errors import AblateError
 from ablate.lrstudy import TRIAL_TAG, remote
 from ablate.lrstudy import cli as study_cli
-from ablate.lrstudy import study as lrstudy
+from ablate.lrstudy import storage as lrstorage
 from ablate.server import control, members
 from ablate.server.credentials import read_credentials
 from ablate.server.postgres import STUDIES
@@ -144,7 +144,7 @@ def test_a_reader_a_wrong_password_and_no_login_are_refused(team, slice_root, tm
     )
     login(*team.rita)
     with pytest.raises(AblateError, match="rita is a reader .* needs an editor"):
-        lrstudy.open_study(cfg)
+        lrstorage.open_study(cfg)
     storage = remote.TeamStorage(remote.discover(team.uri))
     assert storage.get_all_studies() is not None  # a reader reads
     with pytest.raises(grpc.RpcError) as refused:  # and writes nothing, whatever the call
@@ -158,7 +158,7 @@ def test_a_reader_a_wrong_password_and_no_login_are_refused(team, slice_root, tm
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     login("mallory", "not-a-password-0")
     with pytest.raises(AblateError, match="mallory: wrong user name or password"):
-        lrstudy.open_study(cfg)
+        lrstorage.open_study(cfg)
     # Optuna's own client sends no login: refused before any call reaches the database
     with warnings.catch_warnings():  # experimental in Optuna 4 and 5
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -170,4 +170,4 @@ def test_a_reader_a_wrong_password_and_no_login_are_refused(team, slice_root, tm
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     login(None)
     with pytest.raises(AblateError, match="needs your MLflow login"):
-        lrstudy.open_study(cfg)
+        lrstorage.open_study(cfg)

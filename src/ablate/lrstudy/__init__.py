@@ -1,7 +1,8 @@
 """Learning-rate studies on Optuna, driven by ablate: ``study`` runs one freeze option's study
-(persistent, resumable, shared by several workers, pruned, widening its range); ``pruning`` is
-the per-epoch hook a trial's training reports through. ``python -m ablate.lrstudy`` runs them;
-``ablate.lrstudy.runs`` reads their trials back from MLflow."""
+(persistent, resumable, shared by several workers, pruned, widening its range) in the Optuna
+storage ``storage`` opens; ``pruning`` is the per-epoch hook a trial's training reports through.
+``python -m ablate.lrstudy`` runs them; ``ablate.lrstudy.runs`` reads their trials back from
+MLflow."""
 
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ def callbacks(lr_study: LrStudyConfig, record: Recorder, primary: str) -> list[T
 
     trial = json.loads(given)
     _die_with(trial["driver"])
-    from ablate.lrstudy.study import open_storage  # a team server's storage is no URL Optuna reads
+    # a team server's storage is no URL Optuna reads
+    from ablate.lrstudy.storage import open_storage
 
     storage = open_storage(trial["storage"])
     study = optuna.load_study(study_name=trial["study"], storage=storage, pruner=pruner(lr_study))

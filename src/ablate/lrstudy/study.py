@@ -11,7 +11,7 @@ this one: a stop signal or a crash of one trial ends that run's MLflow record th
 ends, and a SIGKILL of the study takes its trial with it (``pruning._die_with``).
 
 Kill and resume: a RUNNING trial whose study process is gone (this host: its pid; any host: no
-Optuna heartbeat for ``GRACE_S``) is failed and queued again at its lr
+Optuna heartbeat for ``storage.GRACE_S``) is failed and queued again at its lr
 (``RetryHeartbeatStaleTrialCallback``); its retry first looks for the run an earlier try ended
 (not rerun), else trains in the same job folder, which continues the KILLED run from its last
 epoch checkpoint. Several workers: a worker asks for a trial only while finished + running
@@ -21,14 +21,12 @@ unrun, so none is doubled.
 
 With an ablate team server as the tracking store (an http(s) URI), the study lives in the
 server's own database, reached through the server with the member's MLflow login
-(``ablate.lrstudy.remote``): workers on any machine share it with no setting of their own.
+(``ablate.lrstudy.remote``): workers on any machine share it with no setting of their own. Where
+the study lives and how it is opened: ``ablate.lrstudy.storage``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import hashlib
 import json
 import logging
 import math
@@ -43,15 +41,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import optuna
-from filelock import FileLock
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from ablate import tasks
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG, pruner, remote
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG
+from ablate.lrstudy.storage import open_study, sampler, storage_url
 from ablate.tracking import procs
-from ablate.tracking.identity import identity
 from ablate.tracking.store import prepare
 
 if TYPE_CHECKING:
@@ -60,13 +57,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("ablate")
 
 PRESET = "lr_study=trial"  # the trials' settings: conf/lr_study/trial.yaml
-# a study process on another host is dead after GRACE_S silent (the team server's storage too)
-HEARTBEAT_S, GRACE_S = remote.HEARTBEAT_S, remote.GRACE_S
 POLL_S = 5.0  # how often a worker waiting on others' trials looks again
 COUNTED = (
-    optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
-    optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING,
-)  # fmt: skip
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.WAITING,
+)
 ENDED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
@@ -112,90 +109,6 @@ def check(cfg: TrainCore) -> None:
             value = OmegaConf.select(cfg, f"lr_study.{name}")
             raise AblateError(f"lr_study.{name}={value}: must be {allowed}")
     storage_url(cfg)
-
-
-def storage_url(cfg: TrainCore) -> str:
-    """Where the study persists: ``lr_study.storage``, else ``lr_study.db`` beside a sqlite
-    tracking store (or a local folder one), else the storage an ablate team server at an http(s)
-    tracking URI serves (``grpc://host:port``, ``ablate.lrstudy.remote``)."""
-    if cfg.lr_study.storage:
-        return cfg.lr_study.storage
-    uri = cfg.tracking.uri
-    if uri.startswith("sqlite:///"):
-        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).parent / 'lr_study.db'}"
-    if "://" not in uri or uri.startswith("file:"):
-        return f"sqlite:///{Path(uri.removeprefix('file:')).resolve().parent / 'lr_study.db'}"
-    why = "not a tracking server's address"
-    if uri.startswith(("http://", "https://")):
-        try:
-            return remote.discover(uri)
-        except AblateError as exc:
-            why = str(exc)
-    raise AblateError(
-        f"tracking.uri={uri}: an lr study needs a database of its own beside a tracking server "
-        f"({why}): set lr_study.storage (e.g. lr_study.storage=postgresql://user@host/optuna, or "
-        "sqlite:////shared/disk/lr_study.db)"
-    )
-
-
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """The storage at ``url`` (a database, or a team server's ``grpc://``), with the heartbeats
-    that fail a dead study process's trial and queue it again."""
-    with warnings.catch_warnings():  # heartbeat arguments: experimental, in Optuna 2 to 5
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(
-            max_retry=3, inherit_intermediate_values=True
-        )
-        if url.startswith(remote.SCHEME):
-            storage = remote.TeamStorage(url, retry)
-            storage.check()
-            return storage
-        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-            heartbeat_stale_trial_callback=retry,
-        )  # fmt: skip
-
-
-def study_name(cfg: TrainCore) -> str:
-    """The study tag plus a digest of the trials' settings (lr aside) and the configured range."""
-    cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        cfg.trainer.lr = 0.0
-    digest = hashlib.sha256(f"{identity(cfg)} {list(cfg.lr_study.range)}".encode()).hexdigest()
-    return f"{cfg.tracking.tags.study}-{digest[:8]}"
-
-
-def open_study(cfg: TrainCore) -> optuna.Study:
-    """The study of ``cfg``'s trials, created if new, with the pruner of ``lr_study``."""
-    name = study_name(cfg)
-    url = storage_url(cfg)
-    lock = contextlib.nullcontext()
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # workers starting together would each create a fresh file's tables ("table
-        # alembic_version already exists"): sqlite serialises writes, not Optuna's migrations
-        lock = FileLock(f"{path}.lock", timeout=300)
-    with lock, warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = open_storage(url)
-        study = optuna.create_study(
-            storage=storage, study_name=name, direction="maximize", sampler=sampler(name, cfg),
-            pruner=pruner(cfg.lr_study), load_if_exists=True,
-        )  # fmt: skip
-        if "range" not in study.user_attrs:
-            study.set_user_attr("range", [float(x) for x in cfg.lr_study.range])
-            study.set_user_attr("widened", 0)
-    return study
-
-
-def sampler(name: str, cfg: TrainCore, number: int = 0) -> optuna.samplers.TPESampler:
-    """TPE seeded by the study's name, ``seed`` and the trial's number: each study draws its own
-    lrs, and two workers asking at once draw different ones (one seed would give both the
-    same); half of ``lr_study.trials`` are its random start-up."""
-    seed = int(hashlib.sha256(f"{name} {cfg.seed} {number}".encode()).hexdigest()[:8], 16)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(1, cfg.lr_study.trials // 2))
 
 
 def target(study: optuna.Study, lr_study: LrStudyConfig) -> int:
@@ -251,16 +164,36 @@ def _trial(
     ended = _run_of(cfg.tracking, study.study_name, tries)
     if ended is None:
         job = folder / str(tries[0])  # a retry's: the first try's, to resume from its checkpoint
-        log.info("lr study %s: trial %d at lr %.3g (job folder %s)", study.study_name,
-                 trial.number, lr, job)  # fmt: skip
-        env = {**os.environ, TRIAL_ENV: json.dumps({
-            "storage": storage_url(cfg), "study": study.study_name, "trial_id": trial._trial_id,
-            "number": trial.number, "driver": os.getpid(),
-        })}  # fmt: skip
+        log.info(
+            "lr study %s: trial %d at lr %.3g (job folder %s)",
+            study.study_name,
+            trial.number,
+            lr,
+            job,
+        )
+        env = {
+            **os.environ,
+            TRIAL_ENV: json.dumps(
+                {
+                    "storage": storage_url(cfg),
+                    "study": study.study_name,
+                    "trial_id": trial._trial_id,
+                    "number": trial.number,
+                    "driver": os.getpid(),
+                }
+            ),
+        }
         command = [
-            sys.executable, "-m", "ablate.train", PRESET, f"freeze={cfg.freeze.name}", *overrides,
-            f"trainer.lr={lr!r}", "skip_finished=false", f"hydra.run.dir={job}",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "ablate.train",
+            PRESET,
+            f"freeze={cfg.freeze.name}",
+            *overrides,
+            f"trainer.lr={lr!r}",
+            "skip_finished=false",
+            f"hydra.run.dir={job}",
+        ]
         code = subprocess.run(command, env=env).returncode
         ended = _run_of(cfg.tracking, study.study_name, [trial.number])
         if ended is None:
@@ -316,8 +249,12 @@ def _fail_dead(study: optuna.Study) -> None:
             storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another worker got there first
-        log.info("lr study %s: trial %d's process %s is gone: it runs again",
-                 study.study_name, t.number, owner["pid"])  # fmt: skip
+        log.info(
+            "lr study %s: trial %d's process %s is gone: it runs again",
+            study.study_name,
+            t.number,
+            owner["pid"],
+        )
         retry(study, storage.get_trial(t._trial_id))
 
 
@@ -340,8 +277,13 @@ def _widen(study: optuna.Study, lr_study: LrStudyConfig) -> bool:
     if 0.1 <= where <= 0.9 or widened >= lr_study.widen:
         return False
     wider = [span[0], span[1] * 10] if where > 0.9 else [span[0] / 10, span[1]]
-    log.info("lr study %s: the best lr %.3g lies at the edge of [%g, %g]: widened to [%g, %g]",
-             study.study_name, best.params["lr"], *span, *wider)  # fmt: skip
+    log.info(
+        "lr study %s: the best lr %.3g lies at the edge of [%g, %g]: widened to [%g, %g]",
+        study.study_name,
+        best.params["lr"],
+        *span,
+        *wider,
+    )
     study.set_user_attr("range", wider)
     study.set_user_attr("widened", widened + 1)
     return True
@@ -356,8 +298,16 @@ def summary(study: optuna.Study, trainer: TrainerCore) -> Summary:
     done = [t for t in ended if t.state == optuna.trial.TrialState.COMPLETE]
     best = max(done, key=lambda t: t.value).params["lr"] if done else None
     span = study.user_attrs["range"]
-    return Summary(study.study_name, len(ended), len(pruned), saved, epochs * len(ended),
-                   (span[0], span[1]), study.user_attrs.get("widened", 0), best)  # fmt: skip
+    return Summary(
+        study.study_name,
+        len(ended),
+        len(pruned),
+        saved,
+        epochs * len(ended),
+        (span[0], span[1]),
+        study.user_attrs.get("widened", 0),
+        best,
+    )
 
 
 def edge_note(s: Summary, freeze: str) -> str | None:
