@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from ablate import report
 from ablate.errors import AblateError
-from ablate.report import charts, stats
+from ablate.report import charts, layout, stats
 from ablate.tracking.params import primary_metric
 
 CHART_FILES = [f"{name}.png" for name in report.CHARTS]
@@ -287,8 +287,8 @@ def test_strategy_order():
     assert primary_metric({"best_dev_accuracy": 0.9, "dev_f1": 0.5}) == "accuracy"
     assert primary_metric({}) == "accuracy"  # a run that logged none (failed early)
     # every strategy ablate knows, and any other, gets a colour of its own; the baseline black
-    colours = charts.palette([*report.STRATEGY_ORDER, "alpha", "zeta"])
-    assert len(set(colours.values())) == len(colours) and colours["none"] == charts.BASELINE_COLOR
+    colours = layout.palette([*report.STRATEGY_ORDER, "alpha", "zeta"])
+    assert len(set(colours.values())) == len(colours) and colours["none"] == layout.BASELINE_COLOR
 
 
 def test_notebook_runs_headless_on_the_same_module(grid, monkeypatch, tmp_path):

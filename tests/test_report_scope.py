@@ -17,7 +17,7 @@ from helpers.store import logged_runs, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate import report
-from ablate.report import charts, cli, recipe
+from ablate.report import charts, cli, layout, recipe
 from ablate.report.render import tables
 from ablate.report.scope import REUSED
 
@@ -248,7 +248,7 @@ def test_charts_of_many_panels_wrap_into_rows_readable_at_page_width(grid, tmp_p
     for name in report.CHARTS:
         fig = getattr(charts, name)(rep)
         width, height = fig.get_size_inches()
-        assert width <= charts.PAGE_W, name  # not 8 panels in one row
+        assert width <= layout.PAGE_W, name  # not 8 panels in one row
         tops = {round(ax.get_position().y1, 2) for ax in fig.axes if ax.get_title()}
         assert len(tops) >= 3, name  # rows of panels, a title on each
         assert overlaps(fig) == [], name
