@@ -1,6 +1,7 @@
-"""The speed plugins: the tokenised cache, embedding rows, fast dropout; real sweeps with the
-plugins on; and, with every switch off, the stock Trainer plus the core behaviour. The switches'
-declarations and the plugin interface: tests/test_switches.py."""
+"""The speed plugins: the tokenised cache, embedding rows; real sweeps with the plugins on; and,
+with every switch off, the stock Trainer plus the core behaviour. Fast dropout:
+tests/test_fast_dropout.py; the switches' declarations and the plugin interface:
+tests/test_switches.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.runs import FakeRecorder, run_cli, slice_overrides
-from helpers.speed import LABEL2ID, NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
+from helpers.speed import LABEL2ID, TASK, build, compose, make_trainer
 from helpers.store import logged_runs, run_info
 from mlflow.tracking import MlflowClient
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
@@ -24,7 +25,6 @@ from ablate.models import anatomy
 from ablate.models.build import load_tokenizer
 from ablate.plugins import Context
 from ablate.speed import dropout, embedding_rows, precision
-from ablate.speed.grouping import packing_unsupported
 from ablate.training.trainer import CoreTrainer
 
 
@@ -54,10 +54,14 @@ def test_tokenisation_cache_hits_on_the_second_job_and_is_invalidated(
     assert (first, second) == ("miss", "hit")
     assert cached == feats and cached_stats == stats
     assert stats["train"]["empty_sentences"] == 0 and set(stats["dev"]) == {
-        "empty_sentences", "windowed_sentences", "truncated_words"
-    }  # fmt: skip
-    assert feats == {s: TASK.encode(x, load_tokenizer(compose().model), LABEL2ID, 128)
-                     for s, x in sentences.items()}  # fmt: skip
+        "empty_sentences",
+        "windowed_sentences",
+        "truncated_words",
+    }
+    assert feats == {
+        s: TASK.encode(x, load_tokenizer(compose().model), LABEL2ID, 128)
+        for s, x in sentences.items()
+    }
     windowed = job(max_length=24)
     assert windowed[0] == "miss" and windowed[2]["train"]["windowed_sentences"] > 0
     assert job(max_length=24)[2] == windowed[2]  # the counts come back with a hit
@@ -174,113 +178,13 @@ def test_embedding_rows_leave_the_padding_row_untrained_like_nn_embedding():
 def test_embedding_rows_apply_only_where_the_update_stays_the_same(overrides, tag, features):
     applied, cfg = build(*overrides)
     before = anatomy.unwrap(applied.model).get_input_embeddings()
-    ctx = Context(cfg, TASK, applied, applied.model, dict(features), None, FakeRecorder(), "cpu",
-                  None)  # fmt: skip
+    ctx = Context(
+        cfg, TASK, applied, applied.model, dict(features), None, FakeRecorder(), "cpu", None
+    )
     status = embedding_rows.EmbeddingRows().prepare(ctx)
     after = anatomy.unwrap(applied.model).get_input_embeddings()
     assert tag in status["embedding_rows"]
     assert (after is not before) == bool(ctx.callbacks) == (tag == "rows train")
-
-
-# --- fast dropout masks -------------------------------------------------------------------------
-
-
-def test_fast_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_it():
-    x = torch.ones(1_000_000, requires_grad=True)
-    torch.manual_seed(0)
-    out = dropout.fast_dropout(x, 0.1)
-    kept = out != 0
-    assert abs(kept.float().mean().item() - 0.9) < 5 * (0.9 * 0.1 / x.numel()) ** 0.5
-    assert torch.equal(out[kept], torch.full_like(out[kept], 1 / 0.9))
-    out.sum().backward()
-    assert torch.equal(x.grad, out.detach())  # the gradient goes through the same mask
-    torch.manual_seed(0)
-    assert torch.equal(dropout.fast_dropout(x, 0.1), out)  # torch's seeded generator
-    module = dropout.FastDropout(0.1)
-    assert torch.equal(module.eval()(x), x) and torch.equal(dropout.FastDropout(0.0)(x), x)
-    for tiny in (1e-9, 1e-10, 1e-12):  # keep probability 1 - p, not 0, below 2^-32 too
-        assert (dropout.fast_dropout(x.detach(), tiny) != 0).float().mean() > 0.999999
-
-
-def test_fast_dropout_attention_is_the_masked_softmax_product_with_its_mask():
-    torch.manual_seed(1)
-    rows, heads, width, dim = 3, 4, 10, 8
-    q, k, v = (torch.randn(rows, heads, width, dim) for _ in range(3))
-    window = torch.tensor([0] * 4 + [1] * 6)
-    mask = (window[:, None] == window[None, :]).expand(rows, 1, width, width)
-
-    class Attention(torch.nn.Module):
-        is_causal = False
-
-    module = Attention()
-    torch.manual_seed(2)
-    out, _ = dropout.attention(module, q, k, v, mask, dropout=0.25)
-    torch.manual_seed(2)  # the same draws, by the formula
-    scores = torch.einsum("rhid,rhjd->rhij", q, k) / dim**0.5
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    keep = torch.empty(probs.shape, dtype=torch.int32).random_() < round(0.75 * 2**31)
-    expected = torch.einsum("rhij,rhjd->rihd", probs * keep / 0.75, v)
-    torch.testing.assert_close(out, expected)
-    # no dropout (evaluation): transformers' sdpa attention itself
-    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(dropout.attention(module, q, k, v, mask)[0], plain.transpose(1, 2))
-
-
-def test_bf16_training_attention_takes_the_product_path_without_dropout():
-    torch.manual_seed(1)
-    rows, heads, width, dim = 3, 4, 10, 8
-    q, k, v = (torch.randn(rows, heads, width, dim, dtype=torch.bfloat16) for _ in range(3))
-    mask = torch.ones(rows, 1, width, width, dtype=torch.bool).tril()
-
-    class Attention(torch.nn.Module):
-        is_causal = False
-
-    module = Attention()
-    flash = "aten::_scaled_dot_product_flash_attention_for_cpu"
-    ops, outs = {}, {}
-    for training in (True, False):
-        module.train(training)
-        with torch.profiler.profile() as prof:
-            outs[training] = dropout.attention(module, q, k, v, mask)[0]
-        ops[training] = {e.key for e in prof.key_averages()}
-    assert flash not in ops[True] and flash in ops[False]  # evaluation keeps sdpa
-    scores = torch.einsum("rhid,rhjd->rhij", q.float(), k.float()) / dim**0.5
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    expected = torch.einsum("rhij,rhjd->rihd", probs, v.float())
-    for out in outs.values():  # bf16 rounding apart, the same attention
-        torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
-    no_dropout = build(*NO_DROPOUT)[0].model
-    assert dropout.skip_reason(no_dropout, torch.device("cpu")) == (
-        "no nn.Dropout module with 0 < p < 1"
-    )
-    assert dropout.skip_reason(no_dropout, torch.device("cpu"), bf16=True) is None
-    assert "bf16 training on the matrix-product path" in dropout.apply(no_dropout, bf16=True)
-    assert no_dropout.config._attn_implementation == dropout.ATTENTION
-
-
-@pytest.mark.parametrize("arch", ["bert", "distilbert"])
-def test_fast_dropout_swaps_masks_only_and_leaves_evaluation_as_it_was(arch, features, tokenizer):
-    model = tiny_distilbert().model if arch == "distilbert" else build()[0].model
-    batch = DataCollatorForTokenClassification(tokenizer)(features["dev"][:8])
-    with torch.no_grad():
-        before = model.eval()(**batch).logits
-    assert dropout.skip_reason(model, torch.device("cuda")).startswith("device cuda")
-    assert dropout.skip_reason(model, torch.device("cpu")) is None
-    done = dropout.apply(model)
-    modules = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
-    assert modules and all(type(m) is dropout.FastDropout for m in modules)
-    assert done.startswith(f"{len(modules)} dropout modules") and dropout.ATTENTION in done
-    assert model.config._attn_implementation == dropout.ATTENTION
-    assert packing_unsupported(model) is None
-    with torch.no_grad():
-        torch.testing.assert_close(model(**batch).logits, before, atol=0, rtol=0)
-    model.train()
-    torch.manual_seed(3)
-    first = model(**batch).loss
-    first.backward()
-    torch.manual_seed(3)
-    assert torch.equal(model(**batch).loss, first)  # seeded, and not evaluation's loss
-    assert not torch.isclose(first, model.eval()(**batch).loss)
 
 
 # --- the core Trainer ---------------------------------------------------------------------------
@@ -288,8 +192,11 @@ def test_fast_dropout_swaps_masks_only_and_leaves_evaluation_as_it_was(arch, fea
 
 def test_every_switch_off_is_the_stock_trainer_with_the_core_behaviour(tmp_path, features):
     tokenizer = load_tokenizer(compose().model)
-    off = [f"{s.key}={'off' if s.choices else 'false'}" for s in switches.SWITCHES
-           if s.group == "trainer"]  # fmt: skip
+    off = [
+        f"{s.key}={'off' if s.choices else 'false'}"
+        for s in switches.SWITCHES
+        if s.group == "trainer"
+    ]
     model = build()[0].model
     trainer = make_trainer(tmp_path, model, features["train"], features["dev"], tokenizer, *off)
     assert type(trainer) is CoreTrainer  # no speed mixin
