@@ -1,5 +1,4 @@
-"""The comparison report from a real tiny multirun: numbers equal MLflow, files
-written, notebook (its charts: test_report_charts)."""
+"""The comparison report from a real tiny multirun: numbers equal MLflow, charts, notebook."""
 
 from __future__ import annotations
 
@@ -15,12 +14,15 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
+from helpers.charts import overlaps
 from helpers.data import ROOT
-from helpers.report_grid import make_grid
+from helpers.runs import run_cli, slice_overrides
+from helpers.store import logged_runs
+from mlflow.tracking import MlflowClient
 
 from ablate import report
 from ablate.errors import AblateError
-from ablate.report import layout, stats
+from ablate.report import charts, layout, stats
 from ablate.tracking.params import primary_metric
 
 CHART_FILES = [f"{name}.png" for name in report.CHARTS]
@@ -29,7 +31,31 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def grid(slice_root, tmp_path_factory) -> SimpleNamespace:
-    return make_grid(slice_root, tmp_path_factory)
+    """2 strategies x 2 seeds x 2 epochs (tiny model, Naija slice), plus one FAILED run."""
+    tmp = tmp_path_factory.mktemp("report")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    overrides = slice_overrides(slice_root, store, tmp)
+    # cwd=tmp: MLflow puts a sqlite store's artifacts under ./mlruns of the creating process.
+    proc = run_cli("--multirun", "freeze=none,all", "seed=1,2", *overrides, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("ablate")
+    # A run that failed in training (errors in the configuration or data leave no run at all):
+    # recorded as ablate records one, with the params of the grid's runs.
+    sibling = logged_runs(store)[0]
+    params = dict(sibling.data.params)
+    params.update({"freeze.name": "first2", "freeze.first": "2", "seed": "1"})
+    failed = client.create_run(
+        exp.experiment_id, run_name="UD_Naija-Slice-first2-tiny-s1",
+        tags={"mlflow.parentRunId": sibling.data.tags["mlflow.parentRunId"]},  # one of the sweep's
+    ).info  # fmt: skip
+    for key, value in params.items():
+        client.log_param(failed.run_id, key, value)
+    client.set_tag(failed.run_id, "error", "RuntimeError: out of memory (injected)")
+    client.set_terminated(failed.run_id, "FAILED")
+    runs = logged_runs(store)
+    assert sorted(r.info.status for r in runs) == ["FAILED"] + ["FINISHED"] * 4
+    return SimpleNamespace(store=store, tmp=tmp, client=client, runs=runs)
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +344,40 @@ def test_make_notebook_allows_root_only_for_root():
     assert ("--allow-root" in lab.split()) == (os.geteuid() == 0)
 
 
+def test_charts_of_a_one_epoch_one_seed_grid_of_every_strategy_are_readable(grid):
+    import matplotlib.pyplot as plt
+
+    runs = report.load_runs("ablate", grid.store, status="FINISHED")
+    base = runs.runs[(runs.runs.seed == 1)].reset_index(drop=True)
+    frames, params = [], dict(runs.params)
+    for i, strategy in enumerate(report.STRATEGY_ORDER):  # every strategy ablate knows
+        row = base.iloc[[i % len(base)]].copy()
+        row["freeze"], row["run_id"] = strategy, f"{strategy}-1"
+        row["train_time_s"] = row.train_time_s * (1 - i / 20)  # a saving to label on each bar
+        params[f"{strategy}-1"] = params[base.run_id.iloc[i % len(base)]]
+        frames.append(row)
+    one = pd.concat(frames, ignore_index=True)
+    history = runs.history[runs.history.epoch == 1].copy()  # a 1-epoch grid
+    history = pd.concat(
+        [
+            history[history.run_id == base.run_id.iloc[i % len(base)]].assign(
+                run_id=f"{strategy}-1", freeze=strategy
+            )
+            for i, strategy in enumerate(report.STRATEGY_ORDER)
+        ],
+        ignore_index=True,
+    )
+    rep = report.build(report.Runs(one, history, params, runs.source), predictions=False)
+    assert len(rep.summary) == len(report.STRATEGY_ORDER) and (rep.summary.n == 1).all()
+    for name in report.CHARTS:
+        fig = getattr(charts, name)(rep)
+        assert overlaps(fig) == [], name
+        if name == "convergence":  # one epoch: the axis says so, with no fractional epochs
+            ticks = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+            assert ticks == ["1"]
+        plt.close(fig)
+
+
 def test_the_results_pages_blocks_read_the_reports_files(cli):
     from ablate import docs
 
@@ -341,3 +401,44 @@ def test_the_results_pages_blocks_read_the_reports_files(cli):
         "4 runs (all, none; seeds 1, 2), started "
     )
     assert f"from commit {commit};" in docs.results.results_provenance(path)
+
+
+def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(grid):
+    runs = report.load_runs("ablate", grid.store, status="FINISHED")
+    df = runs.runs.copy()
+    busy = (df.freeze == "none") & (df.seed == 1) | (df.freeze == "all")
+    df.loc[busy, "load_per_cpu"] = 3.0
+    df.loc[~busy, "load_per_cpu"] = 0.5
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    s = rep.summary.set_index("strategy")
+    calm = df[(df.freeze == "none") & (df.seed == 2)].train_time_s.iloc[0]
+    assert s.loc["none"].train_time_s == pytest.approx(calm) and s.loc["none"].timed_seeds == "2"
+    assert s.loc["none"].n == 2  # its accuracy still counts both seeds
+    all_time = df[df.freeze == "all"].train_time_s.mean()  # every seed loaded: all of them, marked
+    assert s.loc["all"].train_time_s == pytest.approx(all_time)
+    assert s.loc["all"].time_savings_pct == pytest.approx(100 * (1 - all_time / calm))
+    (note,) = [n for n in rep.notes if "loaded machine" in n]
+    assert "none seed 1" in note and "all seed 1" in note and "none seed 2" not in note
+    times = report.table(rep).set_index("strategy")["train time (s)"]
+    assert times["all"].endswith(" *") and not times["none"].endswith("*")
+    # the console's and summary.md's tables say what * means, once per table
+    from ablate.report.render import LOADED_MARK, tables
+
+    assert tables(rep).count(LOADED_MARK) == 1 and report.markdown(rep).count(LOADED_MARK) == 1
+    # the chart's seed dots are the runs its bars average
+    fig = charts.train_time(rep)
+    dots = [float(y) for c in fig.axes[0].collections for _, y in c.get_offsets()]
+    loaded = df[(df.freeze == "none") & (df.seed == 1)].train_time_s.iloc[0]
+    assert calm in dots and loaded not in dots and len(dots) == 3
+    # the chart marks what the table marks, and says why; a calm grid has no mark
+    marks = [t.get_text() for t in fig.axes[0].texts if t.get_text().endswith("*")]
+    assert len(marks) == 1 and marks[0].endswith(" % *")  # all's; none has a calm seed
+    assert "*: timed only on a loaded" in fig._suptitle.get_text()
+    calm_df = df.assign(load_per_cpu=0.5)
+    fig = charts.train_time(
+        report.build(report.Runs(calm_df, runs.history, runs.params, runs.source))
+    )
+    assert not [t for t in fig.axes[0].texts if "*" in t.get_text()]
+    assert "loaded" not in fig._suptitle.get_text()
+    calm_rep = report.build(report.Runs(calm_df, runs.history, runs.params, runs.source))
+    assert LOADED_MARK not in tables(calm_rep) + report.markdown(calm_rep)
