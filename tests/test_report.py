@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from ablate import report
 from ablate.errors import AblateError
 from ablate.report import charts, layout, stats
+from ablate.report.render import share
 from ablate.tracking.params import primary_metric
 
 CHART_FILES = [f"{name}.png" for name in report.CHARTS]
@@ -392,8 +393,8 @@ def test_the_results_pages_blocks_read_the_reports_files(cli):
     findings = docs.results.results_findings(path)
     assert f"{summary.loc['none'].dev_mean_pct:.2f} ± " in findings
     assert (
-        f"- `all` trains {all_.param_savings_pct:.0f} % fewer parameters in "
-        f"{all_.time_savings_pct:.0f} % less training time, and scores "
+        f"- `all` trains {share(all_.param_savings_pct, 0)} % fewer parameters in "
+        f"{share(all_.time_savings_pct, 0)} % less training time, and scores "
         f"{all_.delta_dev_pt:+.2f} points of dev accuracy" in findings
     )
     commit = pd.read_csv(cli.out / "runs.csv").git_commit.iloc[0][:7]
