@@ -185,20 +185,7 @@ def _close_trust(folder: Path, data: Path, port: int, server: tuple[int, int] | 
         )
     password = new_password()
     _run(
-        [
-            pg_bin("psql"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-U",
-            USER,
-            "-d",
-            "postgres",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-q",
-        ],
+        _psql_as_role(port),
         input=f"ALTER ROLE {USER} PASSWORD '{password}';\n",
     )
     _write_passfile(folder, password, server)
@@ -212,27 +199,19 @@ def _close_trust(folder: Path, data: Path, port: int, server: tuple[int, int] | 
     _run(_as_postgres([pg_bin("pg_ctl"), "-D", str(data), "reload"]))
 
 
+def _psql_as_role(port: int) -> list[str]:
+    """psql over TCP as the server's role, on the maintenance database, stopping at an error."""
+    where = ["-h", "127.0.0.1", "-p", str(port), "-U", USER, "-d", "postgres"]
+    return [pg_bin("psql"), "-X", "-q", *where, "-v", "ON_ERROR_STOP=1"]
+
+
 def _demote(folder: Path, data: Path, port: int) -> None:
     """A cluster made by an earlier ablate, whose server role was the cluster's superuser: the
     OS user that runs PostgreSQL becomes the superuser (on the socket, as itself), the role an
     ordinary owner of its database."""
     su = _superuser()
     proc = subprocess.run(
-        [
-            pg_bin("psql"),
-            "-X",
-            "-q",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-U",
-            USER,
-            "-d",
-            "postgres",
-            "-v",
-            "ON_ERROR_STOP=1",
-        ],
+        _psql_as_role(port),
         input=f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{su}') THEN "
         f'CREATE ROLE "{su}" SUPERUSER LOGIN; END IF; END$$;\nSET ROLE "{su}";\n'
         f"ALTER ROLE {USER} NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION;\n",
