@@ -14,10 +14,10 @@ from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.heads import BiLSTMTokenClassifier
 from ablate.strategies.base import Applied, describe, train_everything
-from ablate.strategies.peft_methods import Method
 
 if TYPE_CHECKING:
     from ablate.config import FreezeConfig
+    from ablate.strategies.peft_spec import Method
 
 
 class AdaLoraSchedule(TrainerCallback):
