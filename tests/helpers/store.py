@@ -8,12 +8,15 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from ablate.tracking.store import schema_lock
+
 
 def logged_runs(store: str, experiment: str = "ablate", sweeps: bool = False) -> list:
     """Every training run of ``experiment`` in the MLflow store ``store`` (with ``sweeps``, the
     sweeps' parent runs too), read with MlflowClient."""
-    client = MlflowClient(store)
-    found = client.get_experiment_by_name(experiment)
+    with schema_lock(store):  # a process beside may be creating this store's schema
+        client = MlflowClient(store)
+        found = client.get_experiment_by_name(experiment)
     runs = client.search_runs([found.experiment_id]) if found else []
     return [r for r in runs if sweeps or r.data.tags.get("ablate.role") != "sweep"]
 

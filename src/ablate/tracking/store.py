@@ -54,8 +54,9 @@ def artifact_root(uri: str) -> str | None:
 
 
 @contextlib.contextmanager
-def _exclusive(uri: str) -> Iterator[None]:
-    """Hold ``<db>.lock`` while a sqlite store's schema and experiment are created.
+def schema_lock(uri: str) -> Iterator[None]:
+    """Hold ``<db>.lock`` while a sqlite store's schema and experiment are created (or while
+    a reader opens a store that may be fresh: MLflow migrates a fresh file on first open).
 
     Sweeps started at the same moment each create the schema of a fresh file ("table datasets
     already exists"): sqlite serialises writes, not MLflow's migrations. A server store migrates
@@ -88,7 +89,7 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
     check_reachable(uri)
     check_can_run(uri, experiment)  # before anything is created: a reader's run is one line
     try:
-        with _exclusive(uri):
+        with schema_lock(uri):
             client = MlflowClient(tracking_uri=uri)  # a sqlite store migrates here
             exp = client.get_experiment_by_name(experiment)
             if exp is None:
