@@ -115,6 +115,23 @@ def test_an_imported_study_reports_the_same_summary(study, tmp_path, capsys):
     assert finished_twin(cfg).info.run_id == mine[none.run_id].info.run_id
 
 
+def test_an_archive_narrowed_to_one_strategy_holds_its_runs_and_its_study(study, tmp_path, capsys):
+    out = tmp_path / "all-only"
+    argv = ["export", str(out), "--uri", study.store, "--all", "--freeze", "all"]
+    assert archive_main(argv) == 0
+    read = archive.read(out)
+    # the tuned run, its lr study's two trials and its sweep: not the `none` run beside it
+    assert read.counts() == {"run": 1, "sweep": 1, "trial": 2}
+    assert {r.params["freeze.name"] for r in read.runs if "freeze.name" in r.params} == {"all"}
+    assert read.index["scope"]["freeze"] == ["all"]
+    assert read.index["report"][3:] == archive.report_args(read.index["scope"])
+    assert "--freeze" in read.index["report"]
+    capsys.readouterr()
+    assert report_main([*archive.report_args(read.index["scope"]), "--uri", study.store,
+                        "--out", str(tmp_path / "rep"), "--baseline", "all"]) == 0  # fmt: skip
+    assert "1 runs used" in capsys.readouterr().out
+
+
 def study_cfg(study, store: str, *overrides: str):
     """The config of one of the grid's jobs, tracked in ``store``."""
     from ablate.config import compose

@@ -196,9 +196,11 @@ def read(folder: str | Path) -> Archive:
 
 def report_args(scope: dict[str, Any]) -> list[str]:
     """The ``python -m ablate.report`` arguments that cover an archive's runs (its scope)."""
+    from ablate.report.load import FILTERS  # reading an archive needs no MLflow
+
     args = ["--experiment", scope["experiment"]]
     args += ["--sweep", scope["sweep"]] if scope.get("sweep") else ["--all"]
-    for key in ("data", "model", "status"):
+    for key in FILTERS:
         if scope.get(key):
             args += [f"--{key}", *scope[key]]
     if scope.get("metric"):

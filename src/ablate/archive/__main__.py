@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ablate.archive import read
 from ablate.errors import AblateError
+from ablate.report.cli import add_filters
 from ablate.report.load import MlflowException
 
 _URI_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<project>/mlflow.db)"
@@ -26,19 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     out.add_argument("dir", type=Path, help="the archive folder (new, empty, or an archive)")
     out.add_argument("--uri", help=_URI_HELP)
-    # the report's own filters (ablate.report.cli), so an archive holds what a report covers
-    out.add_argument("--experiment", default="ablate", help="MLflow experiment name")
-    out.add_argument("--data", nargs="+", help="only these datasets (the `data` param)")
-    out.add_argument("--model", nargs="+", help="only these models (the `model` param)")
-    scope = out.add_mutually_exclusive_group()
-    scope.add_argument(
-        "--sweep",
-        help="the runs of this sweep: its multirun folder, or 'latest' "
-        "(the default: the newest sweep that has runs)",
-    )
-    scope.add_argument("--all", action="store_true", help="every run of the experiment")
-    out.add_argument("--status", nargs="+", help="only runs with these statuses")
-    out.add_argument("--metric", help="primary metric (default: from each run's data.task)")
+    add_filters(out, "every run of the experiment")  # an archive holds what a report covers
     into = sub.add_parser(
         "import",
         help="load an archive into a store; twice adds nothing",

@@ -25,7 +25,7 @@ from ablate.archive import (
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
 from ablate.fileio import sha256_file
-from ablate.report.load import MlflowClient, MlflowException, all_runs
+from ablate.report.load import FILTERS, MlflowClient, MlflowException, all_runs
 
 
 def _scope(runs_source: dict[str, str]) -> dict[str, Any]:
@@ -41,9 +41,7 @@ def _scope(runs_source: dict[str, str]) -> dict[str, Any]:
     return {
         "experiment": runs_source["experiment"],
         "sweep": sweep if sweep and Path(sweep).is_absolute() else None,
-        "data": listed("data"),
-        "model": listed("model"),
-        "status": listed("status"),
+        **{key: listed(key) for key in FILTERS},
         "metric": runs_source.get("metric"),
     }
 

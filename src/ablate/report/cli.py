@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ablate.errors import AblateError
-from ablate.report.load import EVERY_RUN, MlflowException, load_scope, overview
+from ablate.report.load import EVERY_RUN, FILTERS, MlflowException, load_scope, overview
 from ablate.report.render import default_out_dir, write
 from ablate.report.summary import BASELINE, build
 
@@ -19,12 +19,27 @@ from ablate.report.summary import BASELINE, build
 def _load(args):
     """The runs in scope: the sweep asked for, else the latest sweep that has runs (or, with
     ``--all`` or when the experiment holds no such sweep, every run)."""
-    filters = {"data": args.data, "model": args.model, "status": args.status, "metric": args.metric}
+    filters = {key: getattr(args, key) for key in (*FILTERS, "metric")}
     sweep = None if args.all else args.sweep or "latest"
     runs = load_scope(args.experiment, args.uri, sweep, **filters)
     if runs.source.get("sweep") == EVERY_RUN:
         print("no sweep with runs in this experiment: the report covers every run (as --all)")
     return runs
+
+
+def add_filters(parser: argparse.ArgumentParser, every: str) -> None:
+    """The options that choose a report's runs (``every``: what ``--all`` says it covers)."""
+    parser.add_argument("--experiment", default="ablate", help="MLflow experiment name")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--sweep",
+        help="the runs of this sweep: its multirun folder, or 'latest' (the default: "
+        "the newest sweep that has runs)",
+    )
+    scope.add_argument("--all", action="store_true", help=every)
+    for key, meaning in FILTERS.items():
+        parser.add_argument(f"--{key}", nargs="+", help=meaning)
+    parser.add_argument("--metric", help="primary metric (default: from each run's data.task)")
 
 
 def _fail(message: object, hint: str = "") -> int:
@@ -44,22 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--uri",
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<project>/mlflow.db)",
     )
-    parser.add_argument("--experiment", default="ablate", help="MLflow experiment name")
-    parser.add_argument("--data", nargs="+", help="only these datasets (the `data` param)")
-    parser.add_argument("--model", nargs="+", help="only these models (the `model` param)")
-    scope = parser.add_mutually_exclusive_group()
-    scope.add_argument(
-        "--sweep",
-        help="the runs of this sweep: its multirun folder, or 'latest' (the default: "
-        "the newest sweep that has runs)",
-    )
-    scope.add_argument(
-        "--all",
-        action="store_true",
-        help="every run of the experiment, a table per group of equal settings",
-    )
-    parser.add_argument("--status", nargs="+", help="only runs with these statuses")
-    parser.add_argument("--metric", help="primary metric (default: from each run's data.task)")
+    add_filters(parser, "every run of the experiment, a table per group of equal settings")
     parser.add_argument("--baseline", default=BASELINE, help="strategy to compare against")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: reports/)")
     args = parser.parse_args(argv)

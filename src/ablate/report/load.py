@@ -25,6 +25,14 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one ba
 from mlflow.exceptions import MlflowException  # noqa: E402  (after the environment it reads)
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+# what a report (and an archive) can be narrowed to: a run param's short name, or its status
+FILTERS = {
+    "data": "only these datasets (the `data` param)",
+    "model": "only these models (the `model` param)",
+    "freeze": "only these strategies (the `freeze` param)",
+    "status": "only runs with these statuses",
+}
+
 _RUN_METRICS = {
     "train_flops": "train_flops",
     "trainable_params": "trainable_params",
@@ -176,6 +184,7 @@ def load_runs(
     *,
     data: str | Sequence[str] | None = None,
     model: str | Sequence[str] | None = None,
+    freeze: str | Sequence[str] | None = None,
     sweep: str | None = None,
     parent: str | None = None,
     status: str | Sequence[str] | None = None,
@@ -183,7 +192,7 @@ def load_runs(
 ) -> Runs:
     """Read the runs of ``experiment`` from the store at ``uri`` (default: the project's store).
 
-    Filters: ``data``/``model`` (their short names), ``sweep`` (a multirun folder, or
+    Filters: ``data``/``model``/``freeze`` (their short names), ``sweep`` (a multirun folder, or
     ``"latest"``: the newest sweep that has runs), ``parent`` (a sweep's parent run id),
     ``status`` (e.g. ``"FINISHED"``). A sweep's runs are its parent run's children and the
     FINISHED runs it reused for jobs it skipped (``ablate.reused.<job>`` tags; ``scope``). A
@@ -208,14 +217,16 @@ def load_runs(
     if ids is not None:  # a reused run of another experiment, say
         found += _runs_by_id(client, ids - {r.info.run_id for r in found})
     unrun = [_unrun_row(job) for job in scope.unrun(found, parents)]
-    wanted = {"data": _as_set(data), "model": _as_set(model), "status": _as_set(status)}
+    asked = {"data": data, "model": model, "freeze": freeze, "status": status}
+    wanted = {key: _as_set(asked[key]) for key in FILTERS}
 
     rows, params = [], {}
     for r in found:
         p, tags, m = r.data.params, r.data.tags, r.data.metrics
         if scope.is_sweep(r) or (ids is not None and r.info.run_id not in ids):
             continue
-        values = {"data": _name(p, "data"), "model": _name(p, "model"), "status": r.info.status}
+        values = {key: _name(p, key) for key in FILTERS if key != "status"}
+        values["status"] = r.info.status
         if any(keep is not None and values[k] not in keep for k, keep in wanted.items()):
             continue
         task = p.get("data.task")
