@@ -1,6 +1,6 @@
 """The suite's hooks (each xdist worker on its own CPUs, heavy files first, the ``process``
-marker) and its shared fixtures (real data slices, a temporary MLflow store, a file server on
-127.0.0.1). What test modules share besides fixtures: tests/helpers."""
+marker) and its shared fixtures (real data slices, the report tests' grid, a temporary MLflow
+store, a file server on 127.0.0.1). What test modules share besides fixtures: tests/helpers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import http.server
 import os
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,7 +22,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("ABLATE_DATA_DIR", str(DATA))  # for the CLI processes the tests start
 
+from helpers.grid import build_grid, grid_of, once_per_session  # noqa: E402
+from helpers.grid import report_cli as run_report_cli  # noqa: E402
 from helpers.runs import compose_cfg  # noqa: E402
+from helpers.store import logged_runs  # noqa: E402
 
 
 def pytest_configure(config):
@@ -85,6 +89,30 @@ def slice_root(tmp_path_factory) -> Path:
 def store(tmp_path) -> str:
     """A fresh sqlite MLflow store in a temporary folder."""
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="session")
+def report_grid(slice_root, tmp_path_factory) -> SimpleNamespace:
+    """The report tests' real tiny grid (``helpers.grid.build_grid``), built once per session
+    and shared by the report modules: read it only, or take a ``helpers.grid.copy_grid``."""
+    build = functools.partial(build_grid, slice_root)
+    grid = grid_of(once_per_session(tmp_path_factory, "report-grid", build))
+    before = sorted((r.info.run_id, r.info.status) for r in logged_runs(grid.store, sweeps=True))
+    yield grid
+    after = sorted((r.info.run_id, r.info.status) for r in logged_runs(grid.store, sweeps=True))
+    assert after == before, "a test wrote to the shared report grid: give it a copy_grid"
+
+
+@pytest.fixture(scope="session")
+def report_cli(report_grid, tmp_path_factory) -> SimpleNamespace:
+    """``python -m ablate.report`` on the grid's store, once per session: its folder (``out``)
+    and console output (``stdout``)."""
+
+    def produce(folder: Path) -> None:
+        (folder / "stdout.txt").write_text(run_report_cli(report_grid, folder / "report"))
+
+    folder = once_per_session(tmp_path_factory, "report-cli", produce)
+    return SimpleNamespace(out=folder / "report", stdout=(folder / "stdout.txt").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,13 @@ one-line errors, and the settings its headings and charts name; on a real tiny m
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from helpers.grid import copy_grid
 from helpers.runs import run_cli, slice_overrides
 from helpers.store import logged_runs, sweep_parents
 from mlflow.tracking import MlflowClient
@@ -23,37 +21,18 @@ from ablate.report.scope import REUSED
 
 
 @pytest.fixture(scope="module")
-def grid(slice_root, tmp_path_factory) -> SimpleNamespace:
-    """A real sweep (none, all; seed 1; tiny model, 2 epochs) and, after it, a FAILED sweep with
-    no run, as a sweep whose every job failed before its run opened (a misspelt treebank) was
-    left by versions that kept such a sweep's run."""
-    tmp = tmp_path_factory.mktemp("scope")
-    store = f"sqlite:///{tmp / 'mlflow.db'}"
-    proc = run_cli(
-        "--multirun", "freeze=none,all", "seed=1", *slice_overrides(slice_root, store, tmp),
-        cwd=tmp,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(store)
-    exp = client.get_experiment_by_name("ablate").experiment_id
-    typo = client.create_run(
-        exp, run_name="sweep data.treebank=UD_Nope",
-        tags={"ablate.role": "sweep", "hydra.sweep_dir": str(tmp / "typo")},
-    ).info.run_id  # fmt: skip
-    client.set_terminated(typo, "FAILED")
-    (first, latest) = sorted(sweep_parents(store), key=lambda p: p.info.start_time)
-    assert latest.info.run_id == typo and first.data.tags["hydra.sweep_dir"] == str(tmp / "sweep")
-    runs = {r.data.params["freeze.name"]: r for r in logged_runs(store)}
-    assert sorted(runs) == ["all", "none"]
-    return SimpleNamespace(store=store, tmp=tmp, runs=runs)
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "ablate.report", *args],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+def grid(report_grid, tmp_path_factory) -> SimpleNamespace:
+    """A copy of the report tests' grid (tests/conftest.py; these tests add runs and sweeps to
+    its store): a sweep of none, all x seeds 1, 2 and, after it, a FAILED sweep with no run.
+    ``seed1``: the sweep's seed-1 runs by strategy."""
+    grid = copy_grid(report_grid, tmp_path_factory.mktemp("scope"))
+    grid.seed1 = {
+        r.data.params["freeze.name"]: r
+        for r in grid.runs
+        if r.info.status == "FINISHED" and r.data.params["seed"] == "1"
+    }
+    assert sorted(grid.seed1) == ["all", "none"]
+    return grid
 
 
 def _error(capsys, *args: str) -> str:
@@ -65,19 +44,18 @@ def _error(capsys, *args: str) -> str:
     return err
 
 
-def test_the_default_report_skips_a_sweep_that_ran_no_job(grid):
-    out = grid.tmp / "default"
-    proc = _cli("--uri", grid.store, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    assert "2 runs used" in proc.stdout
-    used = pd.read_csv(out / "runs.csv")
-    assert sorted(used.run_id) == sorted(r.info.run_id for r in grid.runs.values())
-    assert f"sweep={grid.tmp / 'sweep'}" in (out / "summary.md").read_text()
+def test_the_default_report_skips_a_sweep_that_ran_no_job(report_grid, report_cli):
+    # the grid's latest sweep ran no job: the report is the sweep before it
+    assert "4 runs used" in report_cli.stdout
+    used = pd.read_csv(report_cli.out / "runs.csv")
+    finished = [r.info.run_id for r in report_grid.runs if r.info.status == "FINISHED"]
+    assert sorted(used.run_id) == sorted(finished)
+    assert f"sweep={report_grid.sweep}" in (report_cli.out / "summary.md").read_text()
 
 
 def test_every_error_is_one_line_naming_the_fix(grid, capsys, tmp_path):
-    sweeps = f"its latest sweeps with runs: {grid.tmp / 'sweep'} (2 runs, started "
-    err = _error(capsys, "--uri", grid.store, "--sweep", str(grid.tmp / "typo"))
+    sweeps = f"its latest sweeps with runs: {grid.sweep} (5 runs, started "
+    err = _error(capsys, "--uri", grid.store, "--sweep", str(grid.typo))
     assert "(every job failed before its run opened)" in err and sweeps in err
     assert "pass one of their folders to --sweep, or --all for every run" in err
     err = _error(capsys, "--uri", grid.store, "--sweep", str(tmp_path))
@@ -88,7 +66,7 @@ def test_every_error_is_one_line_naming_the_fix(grid, capsys, tmp_path):
     err = _error(capsys, "--uri", grid.store, "--data", "nope")
     assert "no usable runs in experiment 'ablate'" in err and "it holds no run" in err
     assert "--all (every run of the experiment)" in err and sweeps in err
-    assert "FINISHED runs by dataset: UD_Naija-Slice (2)" in err
+    assert "FINISHED runs by dataset: UD_Naija-Slice (4)" in err
     err = _error(capsys, "--uri", grid.store, "--status", "FAILED", "--all")
     assert "no usable runs" in err and "--data/--model/--status" in err
     missing = tmp_path / "none.db"
@@ -111,7 +89,7 @@ def test_every_error_is_one_line_naming_the_fix(grid, capsys, tmp_path):
 
 
 def test_headings_and_charts_name_the_settings_beyond_the_defaults(grid):
-    rep = report.make_report("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
+    rep = report.make_report("ablate", grid.store, sweep=str(grid.sweep))
     # the tiny model and 2 epochs; data.root, the treebank, the seed: no setting or named
     assert set(rep.summary.settings) == {"model tiny, 2 epochs"}
     assert "## UD_Naija-Slice — model tiny, 2 epochs\n" in report.markdown(rep)
@@ -141,7 +119,7 @@ def test_settings_in_words_against_the_composed_defaults():
 
 def test_panels_of_two_datasets_name_no_settings_they_share(grid):
     """Runs of two datasets under the same recipe: a panel each, named by the dataset alone."""
-    runs = report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
+    runs = report.load_runs("ablate", grid.store, sweep=str(grid.sweep))
     df, params = runs.runs, dict(runs.params)
     ewt = df.assign(run_id=df.run_id + "-ewt", data="ewt")
     for r in ewt.itertuples():
@@ -157,7 +135,7 @@ def test_panels_of_two_datasets_name_no_settings_they_share(grid):
 
 def test_the_latest_sweep_with_runs_is_the_default_of_the_library_too(grid):
     assert Path(report.load_runs("ablate", grid.store, sweep="latest").source["sweep"]) == (
-        grid.tmp / "sweep"
+        grid.sweep
     )
 
 
@@ -171,14 +149,14 @@ def test_a_sweep_that_reused_finished_runs_reports_over_them(grid):
         exp, run_name="sweep seed=1",
         tags={"ablate.role": "sweep", "hydra.sweep_dir": str(folder)},
     ).info.run_id  # fmt: skip
-    none, all_ = grid.runs["none"].info.run_id, grid.runs["all"].info.run_id
+    none, all_ = grid.seed1["none"].info.run_id, grid.seed1["all"].info.run_id
     client.set_tag(parent, f"{REUSED}0", none)
     client.set_tag(parent, f"{REUSED}1", all_)
     gone = client.create_run(exp).info.run_id  # a reused run deleted since
     client.delete_run(gone)
     client.set_tag(parent, f"{REUSED}3", gone)
     failed = client.create_run(exp, run_name="again-first2", tags={"mlflow.parentRunId": parent})
-    for key, value in {**grid.runs["all"].data.params, "freeze.name": "first2"}.items():
+    for key, value in {**grid.seed1["all"].data.params, "freeze.name": "first2"}.items():
         client.log_param(failed.info.run_id, key, value)
     client.set_terminated(failed.info.run_id, "FAILED")
     client.set_terminated(parent, "FAILED")
@@ -191,7 +169,7 @@ def test_a_sweep_that_reused_finished_runs_reports_over_them(grid):
     assert set(rep.runs.run_id) == {none, all_}
     assert list(rep.excluded.reason) == ["FAILED"]
     dev = rep.summary.set_index("strategy").dev_mean_pct
-    assert dev["all"] == pytest.approx(100 * grid.runs["all"].data.metrics["dev_accuracy"])
+    assert dev["all"] == pytest.approx(100 * grid.seed1["all"].data.metrics["dev_accuracy"])
     # a sweep whose every job was reused: no child at all
     only = client.create_run(exp, tags={"ablate.role": "sweep", "hydra.sweep_dir": "x"}).info
     client.set_tag(only.run_id, f"{REUSED}0", none)
@@ -213,10 +191,10 @@ def test_a_finished_sweep_run_again_reports_over_the_runs_it_reused(grid, slice_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| none |" in proc.stdout and "| all |" in proc.stdout  # the sweep's own report
     finished = [r for r in logged_runs(grid.store) if r.info.status == "FINISHED"]
-    assert len(finished) == 2  # nothing trained again
+    assert len(finished) == 4  # nothing trained again
     (parent,) = [p for p in sweep_parents(grid.store) if p.data.tags["hydra.sweep_dir"] == str(
         folder)]  # fmt: skip
-    ids = {r.info.run_id for r in grid.runs.values()}
+    ids = {r.info.run_id for r in grid.seed1.values()}
     assert {v for k, v in parent.data.tags.items() if k.startswith(REUSED)} == ids
     out = grid.tmp / "rerun-report"
     assert cli.main(["--uri", grid.store, "--sweep", str(folder), "--out", str(out)]) == 0
@@ -242,7 +220,7 @@ def _datasets(runs, names: list[str]) -> report.Runs:
 def test_charts_of_many_panels_wrap_into_rows_readable_at_page_width(grid, tmp_path):
     from helpers.charts import overlaps
 
-    runs = report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
+    runs = report.load_runs("ablate", grid.store, sweep=str(grid.sweep))
     rep = report.build(_datasets(runs, [f"treebank{i}" for i in range(8)]), predictions=False)
     assert rep.summary.panel.nunique() == 8
     for name in report.CHARTS:
@@ -266,8 +244,10 @@ HOSTILE = "x\n| planted | row |\n![pixel](http://evil.example/p.png) <img src=x>
 def test_a_hostile_run_value_stays_text_in_the_tables_the_headings_and_the_notes(grid):
     """An option or dataset name a co-editor chose: every table (the console's, the sweep's
     description, summary.md), heading and note shows it as text in its own cell."""
-    runs = report.load_runs("ablate", grid.store, sweep=str(grid.tmp / "sweep"))
-    hostile = _datasets(runs, [f"ewt {HOSTILE}"])
+    runs = report.load_runs("ablate", grid.store, sweep=str(grid.sweep))
+    one = runs.runs[runs.runs.seed == 1].reset_index(drop=True)
+    history = runs.history[runs.history.run_id.isin(one.run_id)]
+    hostile = _datasets(report.Runs(one, history, runs.params, runs.source), [f"ewt {HOSTILE}"])
     hostile.runs.loc[hostile.runs.freeze == "all", "freeze"] = f"all {HOSTILE}"
     rep = report.build(hostile, predictions=False)
     assert rep.notes  # one seed: a note that names the panel

@@ -1,0 +1,86 @@
+"""The report's charts on the real tiny grid: readable (no two texts overlap) with every
+strategy ablate knows, and times measured on a loaded machine marked as in the tables."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from helpers.charts import overlaps
+
+from ablate import report
+from ablate.report import charts
+
+
+def test_charts_of_a_one_epoch_one_seed_grid_of_every_strategy_are_readable(report_grid):
+    import matplotlib.pyplot as plt
+
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    base = runs.runs[(runs.runs.seed == 1)].reset_index(drop=True)
+    frames, params = [], dict(runs.params)
+    for i, strategy in enumerate(report.STRATEGY_ORDER):  # every strategy ablate knows
+        row = base.iloc[[i % len(base)]].copy()
+        row["freeze"], row["run_id"] = strategy, f"{strategy}-1"
+        row["train_time_s"] = row.train_time_s * (1 - i / 20)  # a saving to label on each bar
+        params[f"{strategy}-1"] = params[base.run_id.iloc[i % len(base)]]
+        frames.append(row)
+    one = pd.concat(frames, ignore_index=True)
+    history = runs.history[runs.history.epoch == 1].copy()  # a 1-epoch report_grid
+    history = pd.concat(
+        [
+            history[history.run_id == base.run_id.iloc[i % len(base)]].assign(
+                run_id=f"{strategy}-1", freeze=strategy
+            )
+            for i, strategy in enumerate(report.STRATEGY_ORDER)
+        ],
+        ignore_index=True,
+    )
+    rep = report.build(report.Runs(one, history, params, runs.source), predictions=False)
+    assert len(rep.summary) == len(report.STRATEGY_ORDER) and (rep.summary.n == 1).all()
+    for name in report.CHARTS:
+        fig = getattr(charts, name)(rep)
+        assert overlaps(fig) == [], name
+        if name == "convergence":  # one epoch: the axis says so, with no fractional epochs
+            ticks = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+            assert ticks == ["1"]
+        plt.close(fig)
+
+
+def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(report_grid):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    df = runs.runs.copy()
+    busy = (df.freeze == "none") & (df.seed == 1) | (df.freeze == "all")
+    df.loc[busy, "load_per_cpu"] = 3.0
+    df.loc[~busy, "load_per_cpu"] = 0.5
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    s = rep.summary.set_index("strategy")
+    calm = df[(df.freeze == "none") & (df.seed == 2)].train_time_s.iloc[0]
+    assert s.loc["none"].train_time_s == pytest.approx(calm) and s.loc["none"].timed_seeds == "2"
+    assert s.loc["none"].n == 2  # its accuracy still counts both seeds
+    all_time = df[df.freeze == "all"].train_time_s.mean()  # every seed loaded: all of them, marked
+    assert s.loc["all"].train_time_s == pytest.approx(all_time)
+    assert s.loc["all"].time_savings_pct == pytest.approx(100 * (1 - all_time / calm))
+    (note,) = [n for n in rep.notes if "loaded machine" in n]
+    assert "none seed 1" in note and "all seed 1" in note and "none seed 2" not in note
+    times = report.table(rep).set_index("strategy")["train time (s)"]
+    assert times["all"].endswith(" *") and not times["none"].endswith("*")
+    # the console's and summary.md's tables say what * means, once per table
+    from ablate.report.render import LOADED_MARK, tables
+
+    assert tables(rep).count(LOADED_MARK) == 1 and report.markdown(rep).count(LOADED_MARK) == 1
+    # the chart's seed dots are the runs its bars average
+    fig = charts.train_time(rep)
+    dots = [float(y) for c in fig.axes[0].collections for _, y in c.get_offsets()]
+    loaded = df[(df.freeze == "none") & (df.seed == 1)].train_time_s.iloc[0]
+    assert calm in dots and loaded not in dots and len(dots) == 3
+    # the chart marks what the table marks, and says why; a calm report_grid has no mark
+    marks = [t.get_text() for t in fig.axes[0].texts if t.get_text().endswith("*")]
+    assert len(marks) == 1 and marks[0].endswith(" % *")  # all's; none has a calm seed
+    assert "*: timed only on a loaded" in fig._suptitle.get_text()
+    calm_df = df.assign(load_per_cpu=0.5)
+    fig = charts.train_time(
+        report.build(report.Runs(calm_df, runs.history, runs.params, runs.source))
+    )
+    assert not [t for t in fig.axes[0].texts if "*" in t.get_text()]
+    assert "loaded" not in fig._suptitle.get_text()
+    calm_rep = report.build(report.Runs(calm_df, runs.history, runs.params, runs.source))
+    assert LOADED_MARK not in tables(calm_rep) + report.markdown(calm_rep)

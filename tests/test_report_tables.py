@@ -1,0 +1,159 @@
+"""The report's tables and files from the real tiny grid (tests/conftest.py's ``report_grid``):
+their numbers equal MLflow's, the runs left out and why, its filters, the strategies' order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers.grid import CHART_FILES, PNG_MAGIC, epoch_seconds, logged, mean
+
+from ablate import report
+from ablate.errors import AblateError
+from ablate.report import layout
+from ablate.tracking.params import primary_metric
+
+
+@pytest.fixture(scope="module")
+def rep(report_grid) -> report.Report:
+    return report.make_report("ablate", report_grid.store)
+
+
+def test_cli_writes_every_chart_and_both_tables(report_cli):
+    for name in [*CHART_FILES, "summary.md", "summary.csv", "runs.csv"]:
+        path = report_cli.out / name
+        assert path.is_file() and path.stat().st_size > 0, name
+    used = pd.read_csv(report_cli.out / "runs.csv")
+    assert sorted(zip(used.freeze, used.seed, strict=True)) == [
+        ("all", 1), ("all", 2), ("none", 1), ("none", 2),
+    ]  # fmt: skip
+    assert used.git_commit.notna().all() and (used.lr == 5e-5).all() and not used.tuned.any()
+    for name in CHART_FILES:
+        assert (report_cli.out / name).read_bytes()[:8] == PNG_MAGIC
+    md = (report_cli.out / "summary.md").read_text()
+    assert all(f"]({name})" in md for name in CHART_FILES)
+    assert (
+        "4 runs used" in report_cli.stdout
+        and "left out: UD_Naija-Slice-first2-tiny-s1" in report_cli.stdout
+    )
+
+
+def test_summary_numbers_equal_logged_metrics(report_grid, report_cli):
+    by = logged(report_grid)
+    csv = pd.read_csv(report_cli.out / "summary.csv")
+    assert list(csv.strategy) == ["none", "all"]  # the fixed order, baseline first
+    base = by["none"]
+    for strategy, runs in by.items():
+        row = csv[csv.strategy == strategy].iloc[0]
+        m = [r.data.metrics for r in runs]
+        dev = [100 * x["dev_accuracy"] for x in m]
+        test = [100 * x["test_accuracy"] for x in m]
+        assert row.n == 2 and row.seeds == "1,2" and row.metric == "accuracy"
+        assert row.dev_mean_pct == pytest.approx(mean(dev), rel=1e-12)
+        assert row.dev_std_pct == pytest.approx(float(np.std(dev, ddof=1)), rel=1e-9)
+        assert row.test_mean_pct == pytest.approx(mean(test), rel=1e-12)
+        assert row.best_dev_mean_pct == pytest.approx(
+            mean([100 * x["best_dev_accuracy"] for x in m]), rel=1e-12
+        )
+        params = mean([x["trainable_params"] for x in m])
+        base_params = mean([r.data.metrics["trainable_params"] for r in base])
+        assert row.trainable_params_m == pytest.approx(params / 1e6, rel=1e-12)
+        assert row.param_savings_pct == pytest.approx(100 * (1 - params / base_params))
+        time = mean([epoch_seconds(report_grid, r) for r in runs])
+        base_time = mean([epoch_seconds(report_grid, r) for r in base])
+        assert row.train_time_s == pytest.approx(time, rel=1e-12)
+        runtime = mean([x["train_runtime_s"] for x in m])
+        assert row.trainer_runtime_s == pytest.approx(runtime, rel=1e-12)
+        assert row.time_savings_pct == pytest.approx(100 * (1 - time / base_time))
+        base_dev = [b.data.metrics["dev_accuracy"] for b in base]
+        diffs = [100 * (x["dev_accuracy"] - b) for x, b in zip(m, base_dev, strict=True)]
+        assert row.delta_dev_pt == pytest.approx(mean(diffs), abs=1e-12)
+        # The markdown shows the same numbers, rounded.
+        md = (report_cli.out / "summary.md").read_text()
+        assert f"| {strategy} | 5e-05 | {mean(dev):.2f} ± {np.std(dev, ddof=1):.2f} | 2 |" in md
+
+
+def test_history_is_mlflow_metric_history(report_grid, rep):
+    for runs in logged(report_grid).values():
+        for r in runs:
+            got = rep.history[(rep.history.run_id == r.info.run_id)]
+            for key in ("dev_accuracy", "train_loss", "epoch_time_s"):
+                want = sorted((m.step, m.value) for m in report_grid.client.get_metric_history(
+                    r.info.run_id, key))  # fmt: skip
+                rows = got[got.key == key].sort_values("epoch")
+                assert list(zip(rows.epoch, rows.value, strict=True)) == want
+                assert [s for s, _ in want] == [1, 2]  # step = epoch
+
+
+def test_failed_and_missing_runs_are_left_out_and_listed(rep, report_cli):
+    assert "first2" not in set(rep.summary.strategy)
+    ex = rep.excluded.set_index(["freeze", "seed"])
+    failed = ex.loc[("first2", 1)]
+    assert failed.status == "FAILED" and "out of memory" in failed.reason
+    assert ex.loc[("first2", 2)].status == "MISSING"  # the report_grid's seed 2 never ran
+    assert len(rep.excluded) == 2
+    md = (report_cli.out / "summary.md").read_text().split("## Runs left out")[1]
+    assert "UD_Naija-Slice-first2-tiny-s1" in md and "FAILED" in md and "MISSING" in md
+
+
+def test_filters(report_grid):
+    # the sweep: its parent's children (the four jobs and the one that failed in training); the
+    # latest sweep with runs (the empty sweep after it is passed over)
+    assert len(report.load_runs("ablate", report_grid.store, sweep="latest").runs) == 5
+    assert (
+        len(
+            report.load_runs("ablate", report_grid.store, sweep=str(report_grid.tmp / "sweep")).runs
+        )
+        == 5
+    )
+    assert len(report.load_runs("ablate", report_grid.store, status="FAILED").runs) == 1
+    assert len(report.load_runs("ablate", report_grid.store, model=["tiny"]).runs) == 5
+    with pytest.raises(AblateError, match="no usable runs"):
+        report.build(report.load_runs("ablate", report_grid.store, data="naija"))
+    with pytest.raises(AblateError, match="no MLflow experiment"):
+        report.load_runs("nope", report_grid.store)
+
+
+def test_other_settings_make_their_own_table_and_reruns_are_left_out(report_grid):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    df, params = runs.runs, dict(runs.params)
+    old = df[(df.freeze == "none") & (df.seed == 1)].copy()
+    old["run_id"], old["seed"] = "smoke", 42  # an earlier run with another recipe
+    old["start_time"] = df.start_time.min() - pd.Timedelta(hours=1)
+    params["smoke"] = {**params[df.run_id[old.index[0]]], "seed": "42", "trainer.epochs": "1"}
+    rerun = df[(df.freeze == "all") & (df.seed == 2)].copy()
+    rerun["run_id"] = "rerun"
+    rerun["start_time"] = df.start_time.max() + pd.Timedelta(hours=1)
+    params["rerun"] = params[df.run_id[rerun.index[0]]]
+    variant = df[(df.freeze == "all") & (df.seed == 1)].copy()  # same strategy name, other option
+    variant["run_id"], variant["seed"] = "variant", 7
+    variant["start_time"] = df.start_time.min() - pd.Timedelta(minutes=1)
+    params["variant"] = {
+        **params[df.run_id[variant.index[0]]], "seed": "7", "freeze.embeddings": "True"
+    }  # fmt: skip
+    df = pd.concat([old, variant, df, rerun], ignore_index=True)
+    rep = report.build(report.Runs(df, runs.history, params, runs.source))
+    reasons = dict(zip(rep.excluded.seed, rep.excluded.reason, strict=True))
+    assert "freeze.embeddings=True (latest: False)" in reasons[7]
+    assert reasons[2] == "superseded by the later run rerun"
+    # two groups of settings: two tables, and no mean across them
+    panels = dict(rep.summary.groupby("panel").n.apply(list))
+    assert panels == {"UD_Naija-Slice · epochs=2": [2, 2], "UD_Naija-Slice · epochs=1": [1]}
+    assert "rerun" in set(rep.runs.run_id) and "smoke" in set(rep.runs.run_id)
+    assert not any("different settings" in note for note in rep.notes)
+    md = report.markdown(rep)
+    # headed by their settings beyond the defaults, not by the key that tells them apart
+    assert "## UD_Naija-Slice — model tiny, 1 epoch\n" in md
+    assert "## UD_Naija-Slice — model tiny, 2 epochs\n" in md
+
+
+def test_strategy_order():
+    names = ["zeta", "gradual", "lora", "all", "alpha", "none", "first4", "bitfit", "embeddings"]
+    assert report.strategy_order(names) == [
+        "none", "embeddings", "first4", "all", "bitfit", "lora", "gradual", "alpha", "zeta",
+    ]  # fmt: skip
+    assert primary_metric({"best_dev_accuracy": 0.9, "dev_f1": 0.5}) == "accuracy"
+    assert primary_metric({}) == "accuracy"  # a run that logged none (failed early)
+    # every strategy ablate knows, and any other, gets a colour of its own; the baseline black
+    colours = layout.palette([*report.STRATEGY_ORDER, "alpha", "zeta"])
+    assert len(set(colours.values())) == len(colours) and colours["none"] == layout.BASELINE_COLOR
