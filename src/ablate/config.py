@@ -349,14 +349,12 @@ def flags(name: str) -> dict[str, Any]:
 
 
 def register() -> None:
-    """Load the strategies and the extensions not loaded yet (``ablate.extensions``), then
+    """Load the strategies, speed and extensions not loaded yet (``ablate.extensions``), then
     register resolvers and the schema with every switch and freeze key declared so far; again
     only where one was declared since (an extension loaded later). Whatever reads the schema
     calls it: importing this module builds nothing."""
     global DataConfig, FreezeConfig, TrainerConfig, TrainConfig, _registered
-    # the strategies declare the freeze keys; above this module, so imported by name, as extensions
-    importlib.import_module("ablate.strategies")
-    extensions.load()
+    extensions.load()  # the strategies' freeze keys and the switches, declared above this module
     if _registered == _declared():
         return
     _registered = _declared()

@@ -1,9 +1,10 @@
-"""Extensions: the optional parts of ablate itself (``BUILTIN``: the speed switches and plugins),
-then every module of the ``ablate_extensions`` namespace package, imported when the config schema
-is built (``ablate.config.register``), as Hydra imports ``hydra_plugins``. A module there registers
-tasks (``ablate.tasks.register``), strategies (``ablate.strategies.register``), training plugins
-(``ablate.plugins.register``) and their switches (``ablate.switches.register``); the schema then
-holds the new switches. docs/extending.md has a worked example of each.
+"""Extensions: the parts of ablate that declare keys (``BUILTIN``: the strategies, the speed
+switches and plugins), then every module of the ``ablate_extensions`` namespace package, imported
+when the config schema is built (``ablate.config.register``), as Hydra imports ``hydra_plugins``.
+A module there registers tasks (``ablate.tasks.register``), strategies
+(``ablate.strategies.register``), training plugins (``ablate.plugins.register``) and their
+switches (``ablate.switches.register``); the schema then holds the new switches.
+docs/extending.md has a worked example of each.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import pkgutil
 
 log = logging.getLogger(__name__)
 NAMESPACE = "ablate_extensions"
-BUILTIN = ("ablate.speed",)  # a part that may be deleted: loaded where it is there
+# ablate's own parts that declare keys (the strategies: the freeze keys; speed: its switches and
+# plugins), loaded by name as extensions are, since they sit above the schema they add to; speed
+# may be deleted, so each is loaded where it is there
+BUILTIN = ("ablate.strategies", "ablate.speed")
 _loaded: set[str] = set()
 
 
