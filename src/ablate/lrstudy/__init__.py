@@ -6,7 +6,7 @@ MLflow."""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from ablate.config import LrStudyConfig
 
 TRIAL_ENV = "ABLATE_LR_TRIAL"  # a trial's process: JSON of storage, study, trial_id, driver pid
 TRIAL_TAG = "lr_trial"  # MLflow tag of a trial's run: "<optuna study>:<trial number>"
@@ -14,7 +14,7 @@ PRUNED_TAG = "ablate.pruned"  # "true" on a pruned trial's run (ended KILLED, no
 PRUNED_EPOCH_TAG = "ablate.pruned_epoch"  # the last epoch it trained
 
 
-def pruner(study: DictConfig):
+def pruner(study: LrStudyConfig):
     """The Optuna pruner ``lr_study`` asks for: ``median`` is Optuna's MedianPruner, comparing
     from ``prune_from_epoch`` on and once 2 trials have finished. Here, not in ``pruning``: a
     study's own process then loads no torch or transformers, only its trials do."""
