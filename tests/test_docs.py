@@ -63,3 +63,34 @@ def test_savings_never_round_a_partial_saving_to_all_or_nothing():
     ]  # fmt: skip
     assert [share(x) for x in (99.97, 99.9, 63.04)] == ["99.97", "99.9", "63.0"]
     assert millions(0.00654) == "0.00654" and millions(22.571) == "22.57"
+
+
+def test_each_published_run_rerun_so_far_gives_its_published_scores():
+    found = [p.parent.name for p in (project_root() / "docs" / "results").glob(
+        f"*/{docs.results.PARTIAL}")]  # fmt: skip
+    for study in found:
+        rows = docs.results.reruns(study)
+        assert rows, study
+        assert [r for r in rows if not r["same"]] == [], study
+
+
+def test_a_rerun_that_differs_from_its_published_row_is_named(tmp_path):
+    import shutil
+
+    study = tmp_path / "naija"
+    source = project_root() / "docs" / "results" / "naija"
+    if not (source / docs.results.PARTIAL).is_dir():
+        pytest.fail("the Naija study's partial archive is gone: point this test at another")
+    shutil.copytree(source / docs.results.PARTIAL, study / docs.results.PARTIAL)
+    lines = (source / "runs.csv").read_text(encoding="utf-8").splitlines()
+    header = lines[0].split(",")
+    col, fz, sd = header.index("dev"), header.index("freeze"), header.index("seed")
+    for i, line in enumerate(lines[1:], 1):
+        cells = line.split(",")
+        if (cells[fz], cells[sd]) == ("none", "1"):
+            cells[col] = "0.5"
+            lines[i] = ",".join(cells)
+    (study / "runs.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    said = docs.results.results_source(str(study))
+    assert "these differ from their published scores: none s1: dev 0.979" in said
+    assert "(published 0.5)" in said and "first2 s1" not in said.split("differ")[1]

@@ -8,6 +8,7 @@ import json
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ablate.config import project_root
 from ablate.errors import AblateError
@@ -132,6 +133,69 @@ def results_findings(study: str = RESULTS) -> str:
 
 
 ARCHIVE = "archive"  # a study's archive: docs/results/<study>/archive/ (python -m ablate.archive)
+# the runs of a study rerun so far, archived while the rest still runs (docs/results/<study>/)
+PARTIAL = "partial-archive"
+
+
+def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
+    """Each run of ``study``'s partial archive against its published row (``runs.csv``: the same
+    strategy and seed): run name, the archived and published dev and test scores, and whether
+    both are equal to the last digit."""
+    from ablate.archive import read
+    from ablate.report.load import scores
+
+    published = {(r["freeze"], r["seed"]): r for r in _csv(study, "runs.csv")}
+    out = []
+    for run in read(_dir(study) / PARTIAL).runs:
+        if run.tags.get("ablate.role") == "sweep" or run.info.get("status") != "FINISHED":
+            continue
+        last: dict[str, tuple[int, float]] = {}
+        for key, step, _, value in run.metrics:  # a key's value at its last step, as MLflow's
+            if key not in last or step >= last[key][0]:
+                last[key] = (step, value)
+        got = scores(run.params, {k: v for k, (_, v) in last.items()})
+        row = published.get((run.params.get("freeze.name"), run.params.get("seed")))
+        was = {k: float(row[k]) if row and row[k] else None for k in ("dev", "test")}
+        out.append(
+            {
+                "run": run.info.get("run_name") or run.run_id,
+                "freeze": run.params.get("freeze.name"),
+                "seed": run.params.get("seed"),
+                "dev": got["dev"],
+                "test": got["test"],
+                "published_dev": was["dev"],
+                "published_test": was["test"],
+                "same": row is not None and (got["dev"], got["test"]) == (was["dev"], was["test"]),
+            }
+        )
+    return out
+
+
+def _reruns_said(study: str) -> str:
+    """What the partial archive beside a page shows, in a sentence; empty without one."""
+    folder = _dir(study)
+    if not (folder / PARTIAL).is_dir():
+        return ""
+    found = reruns(study)
+    total = len(_csv(study, "runs.csv"))
+    runs = ", ".join(sorted(f"{r['freeze']} s{r['seed']}" for r in found))
+    differ = [r for r in found if not r["same"]]
+    said = (
+        f" Rerun from today's code so far: {len(found)} of its {total} runs ({runs}), archived in "
+        f"[{folder.name}/{PARTIAL}/]({folder.name}/{PARTIAL}/); "
+    )
+    if not differ:
+        return said + "each gives its published dev and test accuracy to the last digit."
+    return (
+        said
+        + "these differ from their published scores: "
+        + "; ".join(
+            f"{r['freeze']} s{r['seed']}: dev {r['dev']} (published {r['published_dev']}), "
+            f"test {r['test']} (published {r['published_test']})"
+            for r in differ
+        )
+        + "."
+    )
 
 
 def results_source(study: str = RESULTS) -> str:
@@ -151,6 +215,7 @@ def results_source(study: str = RESULTS) -> str:
             f"cannot rebuild them with today's report or check them against the runs until the "
             f"study runs again and its archive is kept beside this page "
             f"(`python -m ablate.archive export ... docs/results/{name}/{ARCHIVE}`)."
+            + _reruns_said(study)
         )
     held = json.loads(index.read_text(encoding="utf-8"))
     roles: dict[str, int] = {}

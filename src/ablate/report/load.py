@@ -230,7 +230,6 @@ def load_runs(
         if any(keep is not None and values[k] not in keep for k, keep in wanted.items()):
             continue
         task = p.get("data.task")
-        name = metric or primary_metric(m)
         rows.append(
             {
                 "run_id": r.info.run_id,
@@ -243,11 +242,7 @@ def load_runs(
                 "seed": _int(p.get("seed")),
                 "task": task,
                 "items": item_name(m),
-                "metric": name,
-                # early stopping restored the best epoch: the final model's dev score is the best
-                "dev": m.get(f"{'best_' if _restored_best(p) else ''}dev_{name}"),
-                "best_dev": m.get(f"best_dev_{name}"),
-                "test": m.get(f"test_{name}"),
+                **scores(p, m, metric),
                 **{col: m.get(key) for col, key in _RUN_METRICS.items()},
                 "epochs": _int(p.get("trainer.epochs")),
                 "lr": _float(p.get("trainer.lr")),
@@ -363,5 +358,15 @@ _RUN_COLUMNS = [
 _HISTORY_COLUMNS = ["run_id", "data", "model", "freeze", "seed", "key", "epoch", "value"]
 
 
-def _restored_best(params: dict[str, str]) -> bool:
-    return params.get("trainer.early_stopping_patience", "None") not in ("None", "null", "")
+def scores(params: dict[str, str], metrics: dict[str, float], metric: str | None = None) -> dict:
+    """A run's primary ``metric`` (by default its own) and its final model's dev, best dev and
+    test scores, as the report reads them from its params and last metric values."""
+    name = metric or primary_metric(metrics)
+    # early stopping restored the best epoch: the final model's dev score is the best
+    restored = params.get("trainer.early_stopping_patience", "None") not in ("None", "null", "")
+    return {
+        "metric": name,
+        "dev": metrics.get(f"{'best_' if restored else ''}dev_{name}"),
+        "best_dev": metrics.get(f"best_dev_{name}"),
+        "test": metrics.get(f"test_{name}"),
+    }
