@@ -6,14 +6,21 @@ machine's GPU, in one command that keeps to a time budget (``--budget-s``).
    strategy (``none``, ``first4``, ``all``, ``lora``), each recipe trains the same epochs on the
    first ``--train-sentences`` Naija training sentences and evaluates on the Naija dev set:
    plain fp32, plain bf16 (what a user writes: the Trainer with ``bf16=True`` and
-   ``DataCollatorForTokenClassification``) and ablate with its defaults for the device, one
-   process per recipe (``gpu_worker.py``).
+   ``DataCollatorForTokenClassification``), best plain without and with ``torch_compile``
+   (``gpu_plain.py``) and ablate with its defaults for the device, one process per recipe
+   (``gpu_worker.py``); every recipe's steps timed; ratios against the better best plain.
 2. **The grid.** The earlier study's 10 jobs (5 strategies x naija, ewt, 1 epoch, MiniLM's
    shape) as ablate runs them, ``python -m ablate.train --multirun`` with ablate's launcher's
    workers sharing the GPUs, against the plain recipe's, one job after another in one process.
 3. **The profile.** Per recipe and ``--profile-freeze`` strategy, ``torch.profiler`` over
    ``--profile-steps`` optimizer steps (``gpu_profile.py``): per step, the host ops that launch
    work, GPU kernels, GPU busy time and the optimizer's time, which say where a step's time goes.
+
+And (``--phases`` says which phases run, in its order; all by default): **A0** versions, the
+kernels bf16 SDPA runs, import times; **A1** MiniLM ``none`` under each plain recipe of
+``gpu_plain.py`` (fp32, TF32, bf16, bf16 without cuDNN attention, best plain, compiled), step
+medians, new- vs seen-shape steps; **A2** a bare training step, eager vs one CUDA graph; **A3**
+1, 4, 8 processes each running it at once (A0, A2, A3: ``gpu_step.py``).
 
 The table (markdown and JSON, with every job's numbers) and the phases' logs are written to
 ``--out`` after every phase, so a run cut by its budget keeps what it measured. ``--dry-run``
@@ -23,11 +30,9 @@ runs the same on the CPU with tiny model shapes and a few sentences (tests/test_
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -36,25 +41,31 @@ import time
 from pathlib import Path
 
 import gpu_table
+from gpu_phases import grid_phase, step_phase, worker
 from shared import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 MODELS = ("minilm", "distilbert_multilingual")
 FREEZES = ("none", "first4", "all", "lora")
-RECIPES = ("plain", "plain_bf16", "ablate")
+RECIPES = ("plain", "plain_bf16", "best_plain", "best_plain_compiled", "ablate")
+A1_RECIPES = ("plain", "plain_tf32", "plain_bf16", "plain_bf16_nocudnn", "best_plain",
+              "best_plain_compiled")  # fmt: skip
+PHASES = ("A0", "A1", "A2", "A3", "table", "grid", "profile")
+IMPORTS = "torch,transformers,ablate.training.fit"
 # --dry-run: CPU, tiny shapes of the same architectures, a few sentences
 DRY = {
     "train_sentences": 16, "dev_sentences": 16, "epochs": 2, "grid_freeze": "none,all",
     "grid_train_sentences": 16, "grid_workers": 2, "budget_s": 300.0, "profile_steps": 2,
-    "profile_skip": 1,
+    "profile_skip": 1, "imports": "numpy", "a2_steps": 1, "a3_processes": "1,2",
+    "a3_seconds": 0.3, "a1_recipes": "plain_tf32,best_plain", "a1_batch_size": 4,
+    "profile_recipes": "plain,ablate", "profile_models": "minilm",
 }  # fmt: skip
 TINY = {
     "bert": {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
              "num_hidden_layers": 4},
     "distilbert": {"dim": 32, "n_heads": 2, "hidden_dim": 64, "n_layers": 4},
 }  # fmt: skip
-MIN_PHASE_S = 15.0  # a phase with less time left is not started
 
 
 def study_grid() -> tuple[str, str]:
@@ -128,67 +139,6 @@ def data_overrides(args, root: str, work: Path, datasets: list[str]) -> dict[str
     }  # fmt: skip
 
 
-def _stop(proc: subprocess.Popen) -> int:
-    """Stop ``proc`` and the process group it leads (a sweep's workers too)."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            return proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.wait()
-
-
-def run_phase(name: str, cmd: list[str], args, state: dict) -> dict:
-    """``cmd`` in its own process group, stopped at the budget's end; its log kept."""
-    left = state["deadline"] - time.monotonic()
-    if left < MIN_PHASE_S:
-        return {"skipped": f"{left:.0f} s of the budget left"}
-    log_path = state["work"] / f"{name}.log"
-    started, t0 = time.time(), time.monotonic()
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=state["env"],
-                                cwd=state["work"], start_new_session=True)  # fmt: skip
-        cut = False
-        try:
-            rc = proc.wait(timeout=left)
-        except subprocess.TimeoutExpired:
-            cut = True
-            rc = _stop(proc)
-        finally:
-            if proc.poll() is None:  # interrupted: no process of the phase outlives the bench
-                _stop(proc)
-    phase = {"wall_s": time.monotonic() - t0, "rc": rc, "cut": cut, "started": started}
-    state["logs"][name] = log_path
-    print(f"{name}: {phase['wall_s']:.1f} s, exit {rc}{' (cut at the budget)' if cut else ''}",
-          flush=True)  # fmt: skip
-    return phase
-
-
-def worker(name: str, jobs: list[dict], args, state: dict) -> dict:
-    """``gpu_worker.py`` running ``jobs``; their results land in ``<work>/<name>``."""
-    spec = {"jobs": jobs, "results": str(state["work"] / name)}
-    path = state["work"] / f"{name}.json"
-    path.write_text(json.dumps(spec))
-    return run_phase(name, [sys.executable, str(HERE / "gpu_worker.py"), str(path)], args, state)
-
-
-def finished_runs(uri: str, experiment: str) -> int | str:
-    """Training runs (not the sweep's own) FINISHED in ``experiment`` of the store ``uri``, or
-    why they could not be counted."""
-    try:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(uri)
-        found = client.get_experiment_by_name(experiment)
-        runs = client.search_runs([found.experiment_id]) if found else []
-    except Exception as exc:  # a store the sweep could not open either: the table says why
-        return f"? ({type(exc).__name__}: {exc})"
-    return sum(r.info.status == "FINISHED" and r.data.tags.get("ablate.role") != "sweep"
-               for r in runs)  # fmt: skip
-
-
 def commit(args) -> str:
     """This checkout's commit, or the one ``make gpu-wheels`` recorded where there is no git."""
     try:
@@ -207,15 +157,23 @@ def table_phase(
     args, state: dict, models: dict[str, str], data: dict[str, list[str]], kind: str = "table"
 ) -> None:
     """One worker per recipe, each running every model and strategy (on the CPU, --dry-run: one
-    worker for all, plain first: no setting there is process-wide). ``kind="profile"``: the
-    profile's jobs, one epoch just long enough for its window of steps."""
+    worker for all: the process-wide settings there are restored after each job or do not
+    apply). ``kind="profile"``: the profile's jobs, one epoch just long enough for its window
+    of steps; ``kind="A1"``: the A1 recipes on MiniLM's shape, ``none``."""
     work = state["work"]
-    groups = [[r] for r in state["recipes"]] if not args.dry_run else [state["recipes"]]
+    recipes, names = state["recipes"], args.models
     epochs, sentences, freezes, profile = args.epochs, args.train_sentences, args.freeze, None
+    batch = []
+    if kind == "A1":
+        recipes, names, freezes = args.a1_recipes, ["minilm"], ["none"]
+        batch = [f"trainer.batch_size={args.a1_batch_size}"] if args.a1_batch_size else []
     if kind == "profile":
         profile = [args.profile_skip, args.profile_steps]
         epochs, freezes = 1, args.profile_freeze
+        recipes = [r for r in args.profile_recipes or recipes if r in recipes]
+        names = [m for m in args.profile_models or names if m in names]
         sentences = profile_sentences(args)
+    groups = [[r] for r in recipes] if not args.dry_run else [recipes]
     for recipes in groups:
         jobs = [
             {"id": f"{model}/{freeze}", "recipe": recipe, "profile": profile, "overrides": [
@@ -224,8 +182,8 @@ def table_phase(
                 f"data.max_train_sentences={sentences}", f"seed={args.seed}",
                 "trainer.checkpoints=false", "trainer.keep_model=false",
                 f"data.tokenized_cache_dir={work / 'tokenized'}",
-                *state["variants"].get(recipe, [])]}
-            for recipe in recipes for model in args.models for freeze in freezes
+                *batch, *state["variants"].get(recipe, [])]}
+            for recipe in recipes for model in names for freeze in freezes
         ]  # fmt: skip
         if not jobs:
             continue
@@ -235,63 +193,29 @@ def table_phase(
         gpu_table.write(args, state)
 
 
-def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> None:
-    """ablate's sweep of the grid, then plain's jobs one after another."""
-    from ablate.training.resources import usable_cpus, visible_gpus
+def run_one_phase(phase: str, args, state: dict, models: dict, data: dict) -> None:
+    """Phase ``phase`` (one of ``PHASES``), its results written to ``--out`` as it ends."""
+    from ablate.training.resources import usable_cpus
 
-    work = state["work"]
-    freezes, datasets = args.grid_freeze, args.grid_data
-    common = [
-        "model=minilm",
-        f"model.name_or_path={model}",
-        "trainer.epochs=1",
-        f"data.max_train_sentences={args.grid_train_sentences}",
-        f"seed={args.seed}",
-    ]
-    n = len(freezes) * len(datasets)
-    uri, experiment = f"sqlite:///{work / 'grid.db'}", "bench-gpu-grid"
-    if data[datasets[0]][0] == "data=ud":  # slices: one data=ud, the sweep over their folders
-        treebanks = ",".join(data[d][1].split("=", 1)[1] for d in datasets)
-        sweep_data = ["data=ud", f"data.treebank={treebanks}", data[datasets[0]][2]]
-    else:
-        sweep_data = [f"data={','.join(datasets)}", data[datasets[0]][1]]
-    launcher = []
-    workers = max(1, args.grid_workers)
-    if workers > 1:
-        launcher = ["hydra/launcher=workers", f"hydra.launcher.n_jobs={workers}"]
-    cmd = [sys.executable, "-m", "ablate.train", "--multirun", f"freeze={','.join(freezes)}",
-           *sweep_data, *common, f"tracking.uri={uri}", f"tracking.experiment={experiment}",
-           f"data.tokenized_cache_dir={work / 'grid-tokenized'}",
-           f"hydra.sweep.dir={work / 'grid-sweep'}", *launcher]  # fmt: skip
-    gpus = len(visible_gpus()) if not args.dry_run else 0
-    where = f"{gpus} GPU(s)" if gpus else "the CPU"
-    phase = run_phase("grid-ablate", cmd, args, state)
-    state["phases"]["grid-ablate"] = phase
-    state["grid"]["ablate"] = {
-        "how": f"ablate: `--multirun`, {workers} worker(s) on {where}, "
-               f"CPU threads each: {max(1, usable_cpus() // workers)}",
-        "jobs": n, "finished": finished_runs(uri, experiment) if "skipped" not in phase else 0,
-        "command": "python -m ablate.train " + " ".join(cmd[4:]), **phase,
-    }  # fmt: skip
-    if "skipped" not in phase:  # where its wall time went, from the timestamps of its log
-        log = state["logs"]["grid-ablate"].read_text(errors="replace")
-        marks = gpu_table.timeline(log, phase["started"], phase["wall_s"])
-        if isinstance(train_s := gpu_table.jobs_train_s(uri, experiment), float):
-            marks.update(train_s=train_s, workers=workers)
-        if ran := gpu_table.preloaded_workers(work / "grid-sweep"):
-            marks["preloaded"] = {"workers": len(ran), "jobs": sum(len(r["jobs"]) for r in ran)}
-        state["grid"]["ablate"]["timeline"] = marks
-    gpu_table.write(args, state)
-    jobs = [{"id": f"grid/{d}/{f}", "recipe": args.grid_plain,
-             "overrides": [*data[d], f"freeze={f}", *common]}
-            for f in freezes for d in datasets]  # fmt: skip
-    phase = worker("grid-plain", jobs, args, state)
-    state["phases"]["grid-plain"] = phase
-    state["grid"]["plain"] = {
-        "how": f"{gpu_table.recipe_name(args.grid_plain)}, one job after another in one process",
-        "jobs": n, "finished": len(gpu_table.results(work / "grid-plain")), **phase,
-    }  # fmt: skip
-    gpu_table.write(args, state)
+    if phase == "A0":
+        step_phase("A0", "probe", {"imports": args.imports}, "", args, state)
+    elif phase in ("A1", "table"):
+        table_phase(args, state, models, data, kind=phase)
+    elif phase == "A2":
+        n, warm = args.a2_steps, max(1, min(5, args.a2_steps // 2))
+        spec = {"models": {m: models[m] for m in args.models}, "steps": n, "warmup": warm}
+        step_phase("A2", "step", spec, f"{n} steps timed after {warm}.", args, state)
+    elif phase == "A3":
+        dtype = "fp32" if args.dry_run else "bf16"
+        counts = [int(n) for n in args.a3_processes]
+        spec = {"model": models["minilm"], "dtype": dtype, "seconds": args.a3_seconds,
+                "processes": counts, "cpus": usable_cpus()}  # fmt: skip
+        said = f"{dtype}, {args.a3_seconds:g} s at once, the CPU's threads shared among them."
+        step_phase("A3", "concurrent", spec, said, args, state)
+    elif phase == "grid" and args.grid_workers > 0:
+        grid_phase(args, state, models["minilm"], data)
+    elif phase == "profile" and args.profile_steps > 0:
+        table_phase(args, state, models, data, kind="profile")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -308,7 +232,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--data-root", help="treebanks folder (default: the carried ones, else data.root)")
     add("--models", default=",".join(MODELS))
     add("--freeze", default=",".join(FREEZES), help="the table's strategies")
-    add("--recipes", default=",".join(RECIPES))
+    add("--recipes", default=",".join(RECIPES), help="the table's")
+    add("--phases", default=",".join(PHASES), help="which phases run, in this order")
+    add("--a1-recipes", default=",".join(A1_RECIPES), help="A1's recipes")
+    add("--a1-batch-size", type=int, default=None, help="A1's batch (default: the study's 16)")
+    add("--imports", default=IMPORTS, help="A0: the modules whose import it times")
+    add("--a2-steps", type=int, default=30, help="A2: bare steps timed per variant")
+    add("--a3-processes", default="1,4,8", help="A3: the counts of concurrent processes")
+    add("--a3-seconds", type=float, default=5.0, help="A3: how long they step at once")
     add("--variant", nargs="+", action="append", default=[], metavar=("NAME", "OVERRIDE"),
         help="one more ablate recipe: its name and overrides, e.g. "
              "--variant nopack trainer.length_grouping=off (repeatable)")  # fmt: skip
@@ -319,8 +250,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--grid-data", default=data, help="the grid's datasets (the study's)")
     add("--grid-train-sentences", type=int, default=2000)
     add("--grid-workers", type=int, default=5, help="ablate's workers (0: no grid)")
-    add("--grid-plain", default="plain", choices=("plain", "plain_bf16"))
+    add("--grid-plain", default="best_plain", choices=("plain", "plain_bf16", "best_plain"),
+        help="the plain recipe the grid runs")  # fmt: skip
     add("--profile-freeze", default="none,lora", help="the profile's strategies")
+    add("--profile-recipes", default="", help="the profile's (default: the table's)")
+    add("--profile-models", default="", help="the profile's (default: --models)")
     add("--profile-steps", type=int, default=20,
         help="optimizer steps the profile reads, per job (0: no profile)")  # fmt: skip
     add("--profile-skip", type=int, default=10, help="steps before the profile's window")
@@ -336,18 +270,26 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         for key, value in DRY.items():
             if key not in given:
                 setattr(args, key, value)
-    for key in ("models", "freeze", "recipes", "grid_freeze", "grid_data", "profile_freeze"):
+    lists = ("models", "freeze", "recipes", "grid_freeze", "grid_data", "profile_freeze",
+             "phases", "a1_recipes", "imports", "a3_processes", "profile_recipes",
+             "profile_models")  # fmt: skip
+    for key in lists:
         setattr(args, key, [x.strip() for x in str(getattr(args, key)).split(",") if x.strip()])
-    unknown = [r for r in args.recipes if r not in RECIPES]
-    if unknown:
-        parser.error(f"--recipes: unknown {unknown}; known: {', '.join(RECIPES)}")
+    known = (*A1_RECIPES, "ablate")
+    for key, allowed in (("recipes", known), ("a1_recipes", known), ("phases", PHASES)):
+        if unknown := [r for r in getattr(args, key) if r not in allowed]:
+            flag = "--" + key.replace("_", "-")
+            parser.error(f"{flag}: unknown {unknown}; known: {', '.join(allowed)}")
+    if bad := [n for n in args.a3_processes if not n.isdigit() or int(n) < 1]:
+        parser.error(f"--a3-processes: {bad} are not counts of processes (e.g. 1,4,8)")
     args.assets, args.out = args.assets.resolve(), args.out.resolve()
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    state = {"deadline": time.monotonic() + args.budget_s, "phases": {}, "grid": {}, "logs": {}}
+    state = {"deadline": time.monotonic() + args.budget_s, "phases": {}, "grid": {}, "logs": {},
+             "probes": {}}  # fmt: skip
     state["variants"] = {v[0]: v[1:] for v in args.variant}
     state["recipes"] = [*args.recipes, *state["variants"]]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -377,15 +319,14 @@ def _bench(args, argv, state: dict) -> int:
 
         shapes = work / "shapes"
         notes = write_shapes(shapes, {d: data[d] for d in ("naija", "ewt") if d in data})
-    names = [*args.models, *(["minilm"] if args.grid_workers > 0 else [])]
+    run = set(args.phases)
+    names = [*(args.models if run & {"A2", "table", "profile"} else []),
+             *(["minilm"] if run & {"A1", "A3", "grid"} else [])]  # fmt: skip
     models = init_models(args, dict.fromkeys(names), shapes, work / "init")
     argv = argv if argv is not None else sys.argv[1:]
     state["meta"] = gpu_table.describe(args, notes, commit(args), usable_cpus(), argv)
-    table_phase(args, state, models, data)
-    if args.grid_workers > 0:
-        grid_phase(args, state, models["minilm"], data)
-    if args.profile_steps > 0:
-        table_phase(args, state, models, data, kind="profile")
+    for phase in dict.fromkeys(args.phases):  # in the order asked for
+        run_one_phase(phase, args, state, models, data)
     print(gpu_table.write(args, state))
     print(f"written {args.out / 'bench-gpu.md'} (and .json, .log)")
     failed = [name for name, p in state["phases"].items() if p.get("rc") not in (0, None)]

@@ -10,6 +10,8 @@ import re
 import statistics
 from pathlib import Path
 
+import gpu_report
+
 from ablate.tables import markdown_table
 
 RECIPE_NAMES = {
@@ -21,7 +23,7 @@ RECIPE_NAMES = {
 
 def recipe_name(recipe: str) -> str:
     """How the table names ``recipe`` (an ablate variant: ``ablate <name>``)."""
-    return RECIPE_NAMES.get(recipe, f"ablate {recipe}")
+    return RECIPE_NAMES.get(recipe) or gpu_report.recipe_label(recipe) or f"ablate {recipe}"
 
 
 def steady(values: list[float]) -> float:
@@ -32,7 +34,8 @@ def steady(values: list[float]) -> float:
 
 def summarise(result: dict) -> dict:
     """One job's row: steady-state train time per epoch, evaluation time and tokens/s, the first
-    epoch's time, dev accuracy after the last epoch, peak GPU memory and wall time."""
+    epoch's time, dev accuracy after the last epoch, peak GPU memory and wall time; where the
+    job timed its steps, their median and p90 and its new- and seen-shape steps."""
     train_s = steady(result["epoch_time_s"])
     tokens = steady(result["train_tokens"])
     acc = result["dev_accuracy"]
@@ -45,6 +48,7 @@ def summarise(result: dict) -> dict:
         "peak_gpu_mb": result.get("peak_gpu_mb"),
         "padding_pct": steady(result.get("padding_pct") or []),
         "wall_s": result["wall_s"],
+        **gpu_report.step_stats(result.get("steps") or []),
     }
 
 
@@ -71,7 +75,10 @@ def _ratio(row: dict, base, key: str) -> float | None:
 
 def table(rows: dict, models: list[str], freezes: list[str], recipes: list[str]) -> str:
     """The markdown table of ``rows`` ((model, freeze, recipe) -> ``summarise``'s dict, or a
-    string saying why the job has no numbers)."""
+    string saying why the job has no numbers). With a best-plain recipe among ``recipes``,
+    ``gpu_report.best_table``: its ratios are against best plain."""
+    if any(r in gpu_report.BEST_RECIPES for r in recipes):
+        return gpu_report.best_table(rows, models, freezes, recipes, recipe_name)
     lines = []
     for model in models:
         for freeze in freezes:
@@ -244,15 +251,18 @@ PROFILE_SAID = (
 )
 
 
-def document(meta: dict, body: str, grid: str, profile: str = "") -> str:
-    """The markdown the bench prints and writes: what ran where, the table, the grid, the
-    profile (each where it ran), notes."""
+def document(meta: dict, body: str, grid: str, profile: str = "", phases=(), best=False) -> str:
+    """The markdown the bench prints and writes: what ran where, ``phases`` ((settings, text)
+    of A0 to A3), the table (``best``: its best-plain form), the grid, the profile (each where
+    it ran), notes."""
     head = [
         f"GPU bench: {meta['device']}; {meta['date']}; commit {meta['commit']}.",
         f"Command: `{meta['command']}`",
     ]
+    said = gpu_report.BEST_SAID if best else COLUMNS_SAID
     parts = [
-        (f"{meta['settings']} {COLUMNS_SAID}", body),
+        *phases,
+        (f"{meta['settings']} {said}", body),
         (meta["grid_settings"], grid),
         (f"{meta.get('profile_settings')} {PROFILE_SAID}", profile),
     ]
@@ -270,7 +280,10 @@ def render(saved: dict) -> str:
     body = table(rows, *order) if rows else ""
     grid = grid_table(saved["grid"]) if saved["grid"] else ""
     profile = profile_table(saved.get("profile") or [])
-    return document(saved["meta"], body, grid, profile if saved.get("profile") else "")
+    phases = gpu_report.sections(saved, summarise, recipe_name)
+    best = any(r in gpu_report.BEST_RECIPES for r in order[2])
+    return document(saved["meta"], body, grid, profile if saved.get("profile") else "", phases,
+                    best)  # fmt: skip
 
 
 def results(folder: Path) -> list[dict]:
@@ -309,7 +322,7 @@ def write(args, state: dict) -> str:
     for folder in sorted(work.glob("table*")):
         raw += results(folder) if folder.is_dir() else []
     got = {(r["job"], r["recipe"]): r for r in raw}
-    for recipe in state["recipes"]:
+    for recipe in state["recipes"] if "table" in getattr(args, "phases", ["table"]) else []:
         phase = state["phases"].get(f"table-{recipe}")
         missing = "not run"
         if phase is not None:
@@ -320,14 +333,19 @@ def write(args, state: dict) -> str:
                 job = got.get((f"{model}/{freeze}", recipe))
                 rows[(model, freeze, recipe)] = summarise(job) if job else missing
     profile = [r for f in sorted(work.glob("profile*")) if f.is_dir() for r in results(f)]
+    a1_jobs = [r for f in sorted(work.glob("A1*")) if f.is_dir() for r in results(f)]
     meta = state["meta"]
-    for job in [*raw, *profile, *results(work / "grid-plain")]:
+    if a0 := (state["probes"].get("A0") or {}).get("results"):
+        meta["device"] = f"{a0['device']}, torch {a0['torch']}, transformers {a0['transformers']}"
+    for job in [*raw, *profile, *results(work / "grid-plain"), *a1_jobs]:
         meta["device"] = job["device"]
         break
     flat = [{"model": m, "freeze": f, "recipe": r, **(v if isinstance(v, dict) else {"why": v})}
             for (m, f, r), v in rows.items()]  # fmt: skip
     saved = {"meta": meta, "table": flat, "grid": state["grid"], "profile": profile,
-             "phases": state["phases"], "jobs": raw}  # fmt: skip
+             "phases": state["phases"], "jobs": raw, **state["probes"]}  # fmt: skip
+    if a1_jobs:
+        saved["A1"] = a1_jobs
     text = render(saved)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shared import compose, plain_fit
+from shared import compose
 
 
 class MemoryRecord:
@@ -60,13 +60,16 @@ class MemoryRecord:
         pass
 
 
+PLAIN = ("plain", "best_plain")  # gpu_plain.RECIPES' names start so (it imports torch)
 KEPT = ("epoch_time_s", "dev_eval_time_s", "dev_accuracy", "train_tokens", "padding_pct")
 
 
 def run_one(recipe: str, cfg, scratch: Path, profile: list[int] | None = None) -> dict:
-    """One job of ``recipe`` (plain, plain_bf16, or ablate with overrides) on ``cfg``: its
-    per-epoch numbers, peak GPU memory and wall time; with ``profile`` (skip, active), also the
+    """One job of ``recipe`` (one of ``gpu_plain.RECIPES``, or ablate with overrides) on
+    ``cfg``: its per-epoch numbers, per-step times (``gpu_plain.StepTimer``), peak GPU memory
+    and wall time; with ``profile`` (skip, active), also the
     per-step profile of that window of optimizer steps (its times then pay the profiler's cost)."""
+    import gpu_plain
     import torch
     from gpu_profile import profiled
 
@@ -77,22 +80,30 @@ def run_one(recipe: str, cfg, scratch: Path, profile: list[int] | None = None) -
     record = MemoryRecord()
     t0 = time.perf_counter()
 
+    steps: list = []
+    settings: dict = {}
+
     def train() -> None:
-        if recipe.startswith("plain"):
+        if recipe in gpu_plain.RECIPES:
             out = tempfile.mkdtemp(prefix="plain-", dir=scratch)
-            plain_fit(cfg, record, out, bf16=recipe == "plain_bf16", measure_flops=False)
+            settings.update(gpu_plain.fit(cfg, record, out, recipe, steps))
         else:
+            from ablate import plugins
             from ablate.training.fit import fit
             from ablate.training.prepare import prepare
 
+            plugins.register(gpu_plain.StepTimerPlugin)
+            gpu_plain.StepTimerPlugin.steps = steps
             fit(cfg, prepare(cfg), record)
 
-    steps = profiled(train, *profile) if profile else train()
+    profile_steps = profiled(train, *profile) if profile else train()
     if cuda:
         torch.cuda.synchronize()
     result = {key: record.history.get(key, []) for key in KEPT}
     result["wall_s"] = time.perf_counter() - t0
-    result["profile"] = steps
+    result["profile"] = profile_steps
+    result["steps"] = steps
+    result["settings"] = settings
     result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
     import transformers
 
@@ -111,7 +122,7 @@ def main(spec_path: str) -> int:
     for job in spec["jobs"]:
         recipe = job["recipe"]
         cfg = compose(job["overrides"])
-        if recipe not in ("plain", "plain_bf16") and "torch" not in sys.modules:
+        if not recipe.startswith(PLAIN) and "torch" not in sys.modules:
             from ablate.training.resources import set_wait_policy
 
             set_wait_policy(cfg.trainer)  # as ablate.train does, before torch loads OpenMP

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import bench_gpu
 import gpu_assets
+import gpu_report
 import gpu_table
 import pytest
+
+# the table's recipes in the dry run: best plain compiled covers best plain's settings, A1 the rest
+RECIPES = ("plain", "best_plain_compiled", "ablate")
 
 
 def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkeypatch):
@@ -24,6 +28,7 @@ def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkey
     rc = bench_gpu.main(
         ["--dry-run", "--assets", str(tmp_path / "no-assets"), "--out", str(out)]
         + ["--freeze", "lora", "--grid-freeze", "none", "--grid-data", "naija,ewt"]
+        + ["--recipes", ",".join(RECIPES)]
     )
     assert rc == 0
     # its work folder (model weights, slices, the sweep, the jobs' own folders) is gone
@@ -31,9 +36,9 @@ def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkey
     logged = json.loads((out / "bench-gpu.json").read_text())
     jobs = {(j["job"], j["recipe"]): j for j in logged["jobs"]}
     models = ("minilm", "distilbert_multilingual")
-    assert set(jobs) == {(f"{m}/lora", r) for m in models for r in bench_gpu.RECIPES}
+    assert set(jobs) == {(f"{m}/lora", r) for m in models for r in RECIPES}
     for model in models:  # every recipe loads the same saved initialisation
-        inits = {o for r in bench_gpu.RECIPES for o in jobs[(f"{model}/lora", r)]["overrides"]
+        inits = {o for r in RECIPES for o in jobs[(f"{model}/lora", r)]["overrides"]
                  if o.startswith("model.name_or_path=")}  # fmt: skip
         assert len(inits) == 1
     for job in jobs.values():
@@ -60,10 +65,10 @@ def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkey
     assert "WordPiece of" in text  # the multilingual shape's tokenizer, said in the notes
     log = (out / "bench-gpu.log").read_text()
     assert "===== table" in log and "===== grid-ablate" in log and "Sweep FINISHED" in log
-    # the profile: every recipe, the profile's strategies, its window of steps read
+    # the profile: the dry run's profile recipes, the profile's strategies, its window of steps
     profiled = {(j["job"], j["recipe"]): j["profile"] for j in logged["profile"]}
-    assert set(profiled) == {(f"{m}/{f}", r) for m in models for f in ("none", "lora")
-                             for r in bench_gpu.RECIPES}  # fmt: skip
+    assert set(profiled) == {(f"minilm/{f}", r) for f in ("none", "lora")
+                             for r in ("plain", "ablate")}  # fmt: skip
     for numbers in profiled.values():
         assert numbers["steps"] == 2 and numbers["step_ms"] > 0 and numbers["ops_per_step"] > 50
         assert numbers["kernels_per_step"] is None  # the CPU: no kernels to count
@@ -71,6 +76,92 @@ def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkey
     assert frozen["ops_per_step"] < full["ops_per_step"]  # LoRA's frozen weights get no update
     assert "| minilm | none | plain fp32 |" in text.split("Profile:")[1]
     assert gpu_table.render(logged) == text  # the saved JSON renders the same document
+    _check_new_phases(logged, jobs, text)
+
+
+def _check_new_phases(logged: dict, jobs: dict, text: str) -> None:
+    """What phases A0 to A3 and the table's best-plain and per-step columns wrote."""
+    a0 = logged["A0"]["results"]
+    assert a0["torch"] and a0["transformers"] and a0["device"] == "CPU" and a0["cuda"] is None
+    for on in ("cudnn_on", "cudnn_off"):  # the CPU's attention op, read by the profiler
+        assert any("scaled_dot_product" in k for k in a0["attention"][on])
+    assert set(a0["imports"]) == {"numpy"}  # the dry run's: torch's costs seconds
+    assert a0["imports"]["numpy"]["cold_s"] > 0 and a0["imports"]["numpy"]["warm_s"] > 0
+    a1 = {j["recipe"]: j for j in logged["A1"]}
+    assert set(a1) == {"plain_tf32", "best_plain"}
+    assert a1["plain_tf32"]["settings"]["note"] == "tf32: not available on cpu"
+    assert a1["best_plain"]["settings"] == {
+        "bf16": True, "tf32": False, "cudnn_sdp": False, "optim": "adamw_torch_fused",
+        "eval_batch": 64, "argmax_on_device": True, "nan_filter": False,
+    }  # fmt: skip
+    for job in a1.values():  # 16 sentences in batches of 4: 4 timed steps an epoch
+        assert [e for e, _, _ in job["steps"]] == [1] * 4 + [2] * 4
+        assert all(ms > 0 and "x" in shape for _, ms, shape in job["steps"])
+        row = gpu_table.summarise(job)
+        assert 0 < row["step_ms_median"] <= row["step_ms_p90"]
+        assert row["new_shape_steps"] + row["seen_shape_steps"] == 7 and row["seen_shape_steps"]
+    a2 = logged["A2"]["results"]
+    assert set(a2) == {f"{m}/{d}" for m in ("minilm", "distilbert_multilingual")
+                       for d in ("tf32", "bf16")}  # fmt: skip
+    for got in a2.values():
+        assert got["eager"]["ms_per_step"] > 0 and got["graph"] == "not available on cpu"
+    a3 = logged["A3"]["results"]
+    assert set(a3) == {"1", "2"} and all(a3[n]["steps_per_s"] > 0 for n in a3)
+    assert len(a3["2"]["steps"]) == 2 and min(a3["2"]["steps"]) >= 1
+    # every recipe of the table timed its steps, ablate's (through a plugin) too
+    for (job, recipe), got in jobs.items():
+        assert got["steps"] and all(ms > 0 for _, ms, _ in got["steps"]), (job, recipe)
+    compiled = jobs[("minilm/lora", "best_plain_compiled")]["settings"]
+    assert compiled["compile"] and compiled["compile_backend"] == "eager"
+    assert compiled["optim"] == "adamw_torch_fused" and compiled["cudnn_sdp"] is False
+    rows = {(r["model"], r["recipe"]): r for r in logged["table"]}
+    best = rows[("minilm", "best_plain_compiled")]  # the one best plain of the dry run's table
+    ablate = rows[("minilm", "ablate")]
+    said = f"| {ablate['train_s']:.2f} | {ablate['step_ms_median']:.1f} |"
+    assert (
+        f"{said} {ablate['step_ms_p90']:.1f} | {ablate['train_s'] / best['train_s']:.2f} |" in text
+    )
+    assert (
+        "| recipe | train s/epoch | step ms median | step ms p90 | × best plain | eval s |" in text
+    )
+    assert "|  |  | best plain, compiled (`torch_compile=True`) |" in text
+    for phase in ("A0: versions", "A1: MiniLM's shape", "A2: a bare training step", "A3: "):
+        assert phase in text
+    assert "| minilm | tf32 |" in text and "| not available on cpu | — | — |" in text
+    assert "| plain fp32 + TF32 (`tf32=True`) |" in text and "| 2 |" in text
+    assert "|  |  | best plain, compiled (`torch_compile=True`) | " in text
+
+
+def test_a_phase_or_recipe_the_bench_does_not_know_is_refused_naming_the_known_ones(capsys):
+    said = {
+        "--phases": "--phases: unknown ['A9']; known: A0, A1, A2, A3, table, grid, profile",
+        "--a1-recipes": "--a1-recipes: unknown ['best']; known: plain, plain_tf32, plain_bf16,",
+        "--a3-processes": "--a3-processes: ['0'] are not counts of processes (e.g. 1,4,8)",
+    }
+    for flag, value in (("--phases", "A1,A9"), ("--a1-recipes", "best"), ("--a3-processes", "0")):
+        with pytest.raises(SystemExit):
+            bench_gpu.parse([flag, value])
+        assert said[flag] in capsys.readouterr().err
+
+
+def test_step_stats_read_the_epochs_after_the_first_and_split_new_from_seen_shapes():
+    steps = [[1, 50.0, "16x9"], [1, 30.0, "16x12"], [1, 10.0, "16x9"], [2, 12.0, "16x9"],
+             [2, 40.0, "16x20"], [2, 11.0, "16x12"], [2, 13.0, "16x9"]]  # fmt: skip
+    got = gpu_report.step_stats(steps)
+    assert got["step_ms_median"] == 12.5  # epoch 2's steps: 11, 12, 13, 40
+    assert got["step_ms_p90"] == pytest.approx(40 - 0.3 * (40 - 13))
+    # the first step (the job's start-up) is left out; 16x12 and 16x20 are new when first seen
+    assert (got["new_shape_steps"], got["new_shape_ms"]) == (2, 35.0)
+    assert (got["seen_shape_steps"], got["seen_shape_ms"]) == (4, 11.5)
+    row = {"train_s": 2.0, "eval_s": 1.0, "peak_gpu_mb": None, "tokens_per_s": 10.0,
+           "dev_acc": 50.0, "wall_s": 9.0, **got}  # fmt: skip
+    rows = {("m", "none", "best_plain"): {**row, "train_s": 4.0, "eval_s": 0.5},
+            ("m", "none", "best_plain_compiled"): {**row, "train_s": 3.0, "eval_s": 2.0},
+            ("m", "none", "ablate"): row}  # fmt: skip
+    text = gpu_table.table(rows, ["m"], ["none"], ["best_plain", "best_plain_compiled", "ablate"])
+    # the better best plain is the compiled one (3.0 s): every ratio is against it
+    assert "|  |  | ablate (its defaults) | 2.00 | 12.5 | 31.9 | 0.67 | 1.00 | 0.50 | 9.0 |" in text
+    assert "| m | none | best plain | 4.00 | 12.5 | 31.9 | 1.33 | 0.50 | 0.25 |" in text
 
 
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "measured"

@@ -1,0 +1,215 @@
+"""The plain Hugging Face Trainer recipes ``bench_gpu.py`` measures ablate against, and the
+per-step clock every recipe of the bench (ablate's too) trains under.
+
+- ``plain``: the earlier study's recipe (``shared.plain_fit``'s arguments), fp32;
+- ``plain_tf32``: the same with ``tf32=True``;
+- ``plain_bf16``: the same with ``bf16=True``, what a user adds for a GPU;
+- ``plain_bf16_nocudnn``: bf16 with cuDNN's attention turned off
+  (``torch.backends.cuda.enable_cudnn_sdp(False)``: on Hopper SDPA prefers it, and it builds a
+  plan for each new (batch, length) shape);
+- ``best_plain``: what a competent user picks: bf16 (TF32 where the GPU has no bf16), fused
+  AdamW, no cuDNN attention, eval batches of 64 with the argmax taken on the device
+  (``preprocess_logits_for_metrics``), no per-step NaN check (``logging_nan_inf_filter=False``,
+  whose ``isnan`` waits on the GPU every step);
+- ``best_plain_compiled``: ``best_plain`` with ``torch_compile=True`` (on ``--dry-run``'s CPU
+  with dynamo's ``eager`` backend: the same tracing, no code generation, to keep it short).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from transformers import TrainerCallback
+
+from ablate.plugins import Plugin
+
+BEST = {"bf16": "auto", "cudnn_sdp": False, "optim": "adamw_torch_fused", "eval_batch": 64,
+        "argmax_on_device": True, "nan_filter": False}  # fmt: skip
+RECIPES = {
+    "plain": {},
+    "plain_tf32": {"tf32": True},
+    "plain_bf16": {"bf16": True},
+    "plain_bf16_nocudnn": {"bf16": True, "cudnn_sdp": False},
+    "best_plain": BEST,
+    "best_plain_compiled": {**BEST, "compile": True},
+}
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class StepTimer(TrainerCallback):
+    """Per optimizer step: the epoch, its milliseconds from the previous step's end (or the
+    epoch's start; data loading included, the GPU synchronised at both ends, CPU wall clock on
+    the CPU) and the (batch, length) shapes it computed, read from the meter's ``BatchStats``
+    (the collated batch, or the rows a Trainer mixin computed)."""
+
+    def __init__(self, stats, steps: list) -> None:
+        self.stats, self.steps = stats, steps
+        self._t, self._k, self._cursor, self._epoch = 0.0, 0, 0, 0
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        _sync()
+        self._epoch += 1
+        self._k = self._cursor = 0
+        self._t = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        _sync()
+        now = time.perf_counter()
+        shapes = self.stats.shapes
+        if self.stats.by_trainer:  # the rows computed in this step
+            mine, self._cursor = shapes[self._cursor :], len(shapes)
+        else:  # the loader collates ahead: the k-th collated batch is the k-th step's
+            mine = shapes[self._k : self._k + 1]
+        shape = "+".join(f"{b}x{n}" for b, n in mine) or "?"
+        self.steps.append([self._epoch, 1e3 * (now - self._t), shape])
+        self._t, self._k = now, self._k + 1
+
+
+def _accuracy(eval_pred) -> dict[str, float]:
+    """Accuracy over the scored positions, from logits or from ids argmaxed on the device."""
+    import numpy as np
+
+    from ablate.tasks.metrics import accuracy, scored
+
+    preds = eval_pred.predictions
+    preds = preds[0] if isinstance(preds, tuple) else preds
+    labels = np.asarray(eval_pred.label_ids)
+    preds = np.asarray(preds)
+    ids = preds if preds.ndim == labels.ndim else np.argmax(preds, axis=-1)
+    gold, pred = scored(ids, labels)
+    return {"accuracy": accuracy(gold, pred), "words": float(gold.size)}
+
+
+def _argmax(logits, labels):
+    return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
+
+
+@contextlib.contextmanager
+def _cudnn_sdp(enabled: bool):
+    """cuDNN attention on or off for the job (a process-wide setting), restored after it."""
+    import torch
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def resolved(recipe: str) -> dict:
+    """``recipe``'s settings on this machine: ``bf16="auto"`` is bf16 where the GPU (or the CPU)
+    has it, else TF32; TF32 only on a CUDA GPU; compiling on the CPU with dynamo's eager
+    backend."""
+    import torch
+
+    knobs = dict(RECIPES[recipe])
+    cuda = torch.cuda.is_available()
+    if knobs.get("bf16") == "auto":
+        knobs["bf16"] = torch.cuda.is_bf16_supported() if cuda else True
+        knobs["tf32"] = cuda and not knobs["bf16"]
+    if knobs.get("tf32") and not cuda:
+        knobs["tf32"] = None  # TF32 is a CUDA setting: the CPU job runs in fp32
+        knobs["note"] = "tf32: not available on cpu"
+    if knobs.get("compile") and not cuda:
+        knobs["compile_backend"] = "eager"
+    return knobs
+
+
+def fit(cfg, run, output_dir: str, recipe: str, steps: list) -> dict:
+    """``recipe`` on ``cfg``'s data, model, freezing and optimisation settings, recorded through
+    ``run`` (a ``Recorder``), each step's time into ``steps``; returns the settings it used."""
+    import torch
+    from transformers import (
+        DataCollatorForTokenClassification,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
+
+    from ablate import strategies, tasks
+    from ablate.data.files import locate
+    from ablate.models.build import build, load_tokenizer
+    from ablate.training.callbacks import EpochLogger
+    from ablate.training.meter import CountingCollator, SpeedMeter
+    from ablate.training.resources import torch_threads
+
+    knobs = resolved(recipe)
+    torch.set_num_threads(torch_threads(cfg.trainer))
+    set_seed(cfg.seed)
+    task = tasks.get(cfg.data.task)
+    files = locate(cfg.data)
+    sentences = {s: task.read(p, lowercase=cfg.data.lowercase) for s, p in files.paths.items()}
+    if cfg.data.max_train_sentences is not None:
+        sentences["train"] = sentences["train"][: cfg.data.max_train_sentences]
+    tokenizer = load_tokenizer(cfg.model)
+    label2id = {name: i for i, name in enumerate(task.labels)}
+    features = {
+        s: task.encode(sents, tokenizer, label2id, cfg.data.max_length)
+        for s, sents in sentences.items()
+    }
+    model = strategies.apply(build(cfg.model, task.model_class, task.labels), cfg.freeze).model
+    t = cfg.trainer
+    extra = {k: knobs[v] for k, v in (("optim", "optim"), ("torch_compile", "compile"),
+             ("torch_compile_backend", "compile_backend"), ("tf32", "tf32"),
+             ("per_device_eval_batch_size", "eval_batch")) if knobs.get(v)}  # fmt: skip
+    args = TrainingArguments(
+        output_dir=output_dir,
+        num_train_epochs=t.epochs,
+        learning_rate=t.lr,
+        per_device_train_batch_size=t.batch_size,
+        weight_decay=t.weight_decay,
+        eval_strategy="epoch",
+        logging_strategy="epoch",
+        save_strategy="no",
+        report_to="none",
+        seed=cfg.seed,
+        bf16=bool(knobs.get("bf16")),
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=True,
+        logging_nan_inf_filter=knobs.get("nan_filter", True),
+        **extra,
+    )
+    collator = CountingCollator(DataCollatorForTokenClassification(tokenizer))
+    with _cudnn_sdp(knobs.get("cudnn_sdp", True)):
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=features["train"],
+            eval_dataset=features["dev"],
+            data_collator=collator,
+            processing_class=tokenizer,
+            compute_metrics=_accuracy,
+            preprocess_logits_for_metrics=_argmax if knobs.get("argmax_on_device") else None,
+            callbacks=[
+                EpochLogger(run),
+                SpeedMeter(run, collator, measure_flops=False),
+                StepTimer(collator.stats, steps),
+            ],  # fmt: skip
+        )
+        trainer.train()
+        for split in ("dev", "test"):  # the final predictions, as ablate and shared.py make
+            out = trainer.predict(features[split])
+            if split == "test":
+                run.metrics({"test_accuracy": _accuracy(out)["accuracy"]})
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
+class StepTimerPlugin(Plugin):
+    """An ablate training plugin (``ablate.plugins``) that puts a ``StepTimer`` on ablate's
+    Trainer, reading the meter's collator: the bench times ablate's steps as it times the plain
+    recipes', without a change to ablate. ``steps`` is where the running job's steps go."""
+
+    name = "bench-step-timer"
+    steps: list = []
+
+    def attach(self, ctx, trainer) -> dict:
+        trainer.add_callback(StepTimer(ctx.collator.stats, StepTimerPlugin.steps))
+        return {}
