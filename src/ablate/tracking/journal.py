@@ -28,6 +28,9 @@ log = logging.getLogger("ablate")
 FOLDER = "mlflow_journal"  # in the job folder
 _LINES, _SENT, _FILES = "journal.jsonl", "sent", "files"
 _BATCH = 100  # MLflow's limit of params (and tags) per log_batch call
+_ENTITIES = 1000  # and of params, tags and metrics in all (metrics alone: the same)
+_GATHERED = ("params", "tags", "metrics")  # the records one log_batch call can hold
+_WAITING = (*_GATHERED, "dataset")  # with ``gather``: sent with the next record of another kind
 
 
 def answers(uri: str, timeout: float = 2.0) -> bool:
@@ -51,8 +54,12 @@ BRIEF_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BA
 class Journal:
     """Every record of one run, appended to ``<folder>/journal.jsonl`` and then sent in order."""
 
-    def __init__(self, folder: Path, uri: str, run_id: str):
+    def __init__(self, folder: Path, uri: str, run_id: str, gather: bool = False):
+        """``gather``: params, tags, metrics and datasets wait for the next record of another
+        kind (or a ``flush``) and go with the records before them in one ``log_batch`` (datasets
+        in one ``log_inputs``): a store commits per call, and a run records dozens of them."""
         self.folder, self.uri, self.run_id = Path(folder), uri, run_id
+        self.gather = gather
         self.client = MlflowClient(tracking_uri=uri)
         self.down_since: float | None = None
         self._count = self._sent = 0
@@ -123,7 +130,8 @@ class Journal:
         entry = {"op": op, **fields}
         self._append(entry)
         self._pending.append(entry)
-        self.flush()
+        if not (self.gather and op in _WAITING):
+            self.flush()
 
     # -- sending --------------------------------------------------------------------------
     @property
@@ -140,16 +148,17 @@ class Journal:
             self._went_away()
             return False
         while self._pending:
+            n = gathered(self._pending)
             try:
                 with environ(BRIEF_RETRIES):
-                    self._send(self._pending[0])
+                    self._send_first(n)
             except Exception:
                 if not answers(self.uri):
                     self._went_away()
                     return False
-                self._send(self._pending[0])  # it answers: MLflow's own retries; a refusal raises
-            self._pending.pop(0)
-            self._mark_sent(self._sent + 1)
+                self._send_first(n)  # it answers: MLflow's own retries; a refusal raises
+            del self._pending[:n]
+            self._mark_sent(self._sent + n)
         if self.down_since is not None:
             log.info("tracking server %s answers again: the run's record is complete", self.uri)
             self.down_since = None
@@ -191,6 +200,24 @@ class Journal:
                 self.folder,
             )
 
+    def _send_first(self, n: int) -> None:
+        """Send the first ``n`` pending records: one alone as it is, more as one batch."""
+        if n == 1:
+            self._send(self._pending[0])
+            return
+        if self._pending[0]["op"] == "dataset":
+            _log_datasets(self.client, self.run_id, self._pending[:n])
+            return
+        from mlflow.entities import Metric, Param, RunTag
+
+        batch = self._pending[:n]  # no key twice (``gathered``)
+        params = [Param(k, v) for e in batch for k, v in e.get("params", {}).items()]
+        tags = [RunTag(k, v) for e in batch for k, v in e.get("tags", {}).items()]
+        metrics = [
+            Metric(k, v, e["ts"], e["step"]) for e in batch for k, v in e.get("metrics", {}).items()
+        ]
+        self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
+
     def _send(self, e: dict[str, Any]) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
@@ -207,15 +234,16 @@ class Journal:
                 run, metrics=[Metric(k, v, e["ts"], e["step"]) for k, v in e["metrics"].items()]
             )
         elif op == "untag":
+            there = c.get_run(run).data.tags
             for k in e["keys"]:
-                if k in c.get_run(run).data.tags:  # a replay may send it twice
+                if k in there:  # a replay may send it twice
                     c.delete_tag(run, k)
         elif op == "text":
             c.log_text(run, e["text"], e["path"])
         elif op == "files":
             c.log_artifacts(run, str(self.folder / e["folder"]), e["path"])
         elif op == "dataset":
-            _log_dataset(c, run, e)
+            _log_datasets(c, run, [e])
         elif op == "model":
             _log_model(c, run, self.folder / e["folder"], e["name"])
         elif op == "end":
@@ -233,13 +261,43 @@ class Journal:
         self._sent = n
 
 
+def gathered(pending: list[dict[str, Any]]) -> int:
+    """How many of the first ``pending`` records go to the store in one call: datasets in a row
+    (``log_inputs``), or params, tags and metrics in a row (``log_batch``) within MLflow's limits
+    per batch and with no key twice (a record of a key already in the batch starts the next one,
+    so each key ends as if sent one by one)."""
+    if pending[0]["op"] == "dataset":  # datasets in a row: one log_inputs, each dataset once
+        named: set[tuple[str, str]] = set()
+        for n, e in enumerate(pending):
+            if e["op"] != "dataset" or (e["name"], e["digest"]) in named or n == _BATCH:
+                return n
+            named.add((e["name"], e["digest"]))
+        return len(pending)
+    seen: dict[str, set] = {"params": set(), "tags": set(), "metrics": set()}
+    n = 0
+    for e in pending:
+        if e["op"] not in _GATHERED:
+            break
+        keys = {kind: set(e.get(kind, {})) for kind in seen}
+        keys["metrics"] = {(k, e.get("step")) for k in keys["metrics"]}
+        joined = {kind: seen[kind] | keys[kind] for kind in seen}
+        clash = any(seen[kind] & keys[kind] for kind in seen)
+        params_tags = max(len(joined["params"]), len(joined["tags"]))
+        entities = sum(map(len, joined.values()))
+        if n and (clash or params_tags > _BATCH or entities > _ENTITIES):
+            break
+        seen = joined
+        n += 1
+    return max(n, 1)
+
+
 def chunks(items: list, size: int = _BATCH) -> Iterable[list]:
     """``items`` in lists of at most ``size``: MLflow's limit of params (and tags) per batch."""
     for i in range(0, len(items), size):
         yield items[i : i + size]
 
 
-def _log_dataset(client: MlflowClient, run_id: str, e: Mapping[str, str]) -> None:
+def _log_datasets(client: MlflowClient, run_id: str, entries: list[Mapping[str, str]]) -> None:
     import warnings
 
     from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -249,20 +307,21 @@ def _log_dataset(client: MlflowClient, run_id: str, e: Mapping[str, str]) -> Non
     from mlflow.exceptions import MlflowException
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    source = e["source"]
-    if source.startswith(("http://", "https://")):
-        origin = HTTPDatasetSource(source)
-    else:
-        with warnings.catch_warnings():  # a path matches MLflow's local and file sources alike
-            warnings.simplefilter("ignore", UserWarning)
-            origin = resolve_dataset_source(source)
-    dataset = MetaDataset(origin, name=e["name"], digest=e["digest"])
-    entry = DatasetInput(
-        dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, e["context"])]
-    )
+    inputs = []
+    for e in entries:
+        source = e["source"]
+        if source.startswith(("http://", "https://")):
+            origin = HTTPDatasetSource(source)
+        else:
+            with warnings.catch_warnings():  # a path matches MLflow's local and file sources
+                warnings.simplefilter("ignore", UserWarning)
+                origin = resolve_dataset_source(source)
+        dataset = MetaDataset(origin, name=e["name"], digest=e["digest"])
+        context = [InputTag(MLFLOW_DATASET_CONTEXT, e["context"])]
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=context))
     for attempt in range(5):
         try:
-            client.log_inputs(run_id, datasets=[entry])
+            client.log_inputs(run_id, datasets=inputs)
             return
         except MlflowException as exc:
             # Parallel jobs logging the same dataset race to create its row; the loser finds it

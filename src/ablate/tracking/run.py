@@ -78,7 +78,9 @@ class Run:
     """The MLflow run of the current job: what training records through (``Recorder``).
 
     Every record goes through the run's ``Journal`` (its job folder), so a tracking server
-    that goes away for a while loses nothing."""
+    that goes away for a while loses nothing. Params, tags and metrics reach the store in
+    batches: with the next record of another kind (an artifact, a dataset), at a heartbeat (each
+    epoch's end, and each minute of an epoch) and at the run's end."""
 
     def __init__(self, run_id: str, cfg: TrainCore, journal: Journal, resumed=None):
         self.id = run_id
@@ -96,6 +98,7 @@ class Run:
         """Record that this run's process is alive (see ``mark_stale_runs``), and so its sweep."""
         now = f"{time.time():.0f}"
         self.journal.tags({"ablate.heartbeat": now})
+        self.journal.flush()  # with what waits for a batch: the store is current at each beat
         parent = sweep_parent()
         if parent is not None and self.journal.down_since is None:
             with contextlib.suppress(MlflowException):  # the sweep's own beat, not this record
@@ -237,7 +240,8 @@ def start_run(
         run_id = client.create_run(experiment_id, tags=context.resolve_tags(tags)).info.run_id
     with contextlib.suppress(MlflowException):  # a view to open, not the run's record
         ui_links.set_view(client, experiment_id, cfg.data.task)
-    run = Run(run_id, cfg, Journal(journal_folder(run_id), uri, run_id), resumed)
+    # params, tags and metrics gathered into one batch until the next other record or beat
+    run = Run(run_id, cfg, Journal(journal_folder(run_id), uri, run_id, gather=True), resumed)
     run.experiment_id = experiment_id
     run.system_metrics()
     wait = cfg.tracking.outage_min
