@@ -140,6 +140,8 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
     log.info("Launching jobs, sweep output dir : %s", sweep_dir)
     for idx, overrides in enumerate(job_overrides):
         log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
+    loader = launcher.hydra_context.config_loader
+    kept = loader.take(config) if isinstance(loader, Kept) else {}
     jobs = [
         (
             initial_job_idx + idx,
@@ -148,6 +150,7 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
             config,
             launcher.task_function,
             Singleton.get_state(),
+            kept.get(tuple(overrides)),
         )
         for idx, overrides in enumerate(job_overrides)
     ]
@@ -190,9 +193,11 @@ def _execute_pickled(job: bytes) -> bytes:
     return cloudpickle.dumps(execute_job(*pickle.loads(job)))
 
 
-def execute_job(idx: int, overrides, hydra_context, config, task_function, singleton_state):
-    """One job, as Hydra's own launchers run it: its config composed with its overrides, its
-    number and id set, then ``run_job``."""
+def execute_job(
+    idx: int, overrides, hydra_context, config, task_function, singleton_state, composed=None
+):
+    """One job, as Hydra's own launchers run it: its config composed with its overrides (or
+    ``composed``, the sweep's composition of it), its number and id set, then ``run_job``."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.singleton import Singleton
     from hydra.core.utils import run_job, setup_globals
@@ -200,7 +205,9 @@ def execute_job(idx: int, overrides, hydra_context, config, task_function, singl
 
     setup_globals()
     Singleton.set_state(singleton_state)
-    sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    sweep_config = composed
+    if sweep_config is None:
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
     with open_dict(sweep_config):
         sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
         sweep_config.hydra.job.num = idx
@@ -212,6 +219,31 @@ def execute_job(idx: int, overrides, hydra_context, config, task_function, singl
         job_dir_key="hydra.sweep.dir",
         job_subdir_key="hydra.sweep.subdir",
     )
+
+
+class Kept:
+    """A sweep's config loader that keeps the job configs it composes: Hydra's sweeper composes
+    every job's config to check it before the launch, and the launch hands each job that
+    config instead of composing it again in the worker (a third of a second of CPU a job)."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+        self._kept: dict[tuple[str, ...], tuple[DictConfig, DictConfig]] = {}
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]):
+        composed = self.loader.load_sweep_config(master_config, sweep_overrides)
+        self._kept[tuple(sweep_overrides)] = (master_config, composed)
+        return composed
+
+    def take(self, master_config: DictConfig) -> dict[tuple[str, ...], DictConfig]:
+        """The configs composed so far from ``master_config``, by overrides; none kept after."""
+        kept, self._kept = self._kept, {}
+        return {k: cfg for k, (master, cfg) in kept.items() if master is master_config}
+
+    def __getattr__(self, name: str):  # the rest of the loader's interface, as it is
+        if name.startswith("__") or name == "loader":  # unpickling asks before it is set
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
 
 def release() -> None:

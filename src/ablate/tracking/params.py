@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import MISSING, OmegaConf
 
 from ablate import config
@@ -44,7 +46,8 @@ def option_keys(freeze: str) -> frozenset[str]:
     _global_`` option such as ``features`` brings its head, and what its defaults bring): the
     option composed beside ``freeze=none``; none for an option ``conf/freeze`` lacks. A run
     records them when it runs (``OPTION_KEYS_TAG``), so a report reads them from the run."""
-    if not (config.conf_dir() / "freeze" / f"{freeze}.yaml").is_file():
+    option = config.conf_dir() / "freeze" / f"{freeze}.yaml"
+    if not option.is_file() or _own_package_only(option):
         return frozenset()
 
     def composed(option: str) -> dict[str, Any]:
@@ -54,6 +57,19 @@ def option_keys(freeze: str) -> frozenset[str]:
 
     mine, base = composed(freeze), composed("none")
     return frozenset(k for k in mine.keys() | base.keys() if mine.get(k) != base.get(k))
+
+
+def _own_package_only(option: Path) -> bool:
+    """Whether a ``conf/freeze`` option sets ``freeze.*`` alone: no package header and no
+    defaults list, so composed beside ``freeze=none`` no other key differs (and no composition,
+    a third of a second each, is needed to say so)."""
+    from hydra.plugins.config_source import ConfigSource
+
+    text = option.read_text()
+    if ConfigSource._get_header_dict(text)["package"] is not None:  # Hydra's own header parser
+        return False
+    loaded = yaml.safe_load(text)
+    return not (isinstance(loaded, dict) and "defaults" in loaded)
 
 
 def selected(

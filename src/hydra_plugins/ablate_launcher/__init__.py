@@ -13,6 +13,10 @@ class PreloadedLauncher(Launcher):
         self.config = self.task_function = self.hydra_context = None
 
     def setup(self, *, hydra_context, task_function, config) -> None:
+        from ablate import workers
+
+        # the sweeper's context too: the configs it composes to check a batch are the jobs'
+        hydra_context.config_loader = workers.Kept(hydra_context.config_loader)
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
 
     def launch(self, job_overrides, initial_job_idx):
