@@ -146,8 +146,10 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
 
     published = {(r["freeze"], r["seed"]): r for r in _csv(study, "runs.csv")}
     out = []
-    for run in read(_dir(study) / PARTIAL).runs:
-        if run.tags.get("ablate.role") == "sweep" or run.info.get("status") != "FINISHED":
+    held = read(_dir(study) / PARTIAL)
+    role = {entry["run_id"]: entry["role"] for entry in held.index["runs"]}
+    for run in held.runs:  # not its sweeps' parents, nor the lr-study trials beside
+        if role[run.run_id] != "run" or run.info.get("status") != "FINISHED":
             continue
         last: dict[str, tuple[int, float]] = {}
         for key, step, _, value in run.metrics:  # a key's value at its last step, as MLflow's
@@ -155,7 +157,7 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
                 last[key] = (step, value)
         got = scores(run.params, {k: v for k, (_, v) in last.items()})
         row = published.get((run.params.get("freeze.name"), run.params.get("seed")))
-        was = {k: float(row[k]) if row and row[k] else None for k in ("dev", "test")}
+        was = {k: float(row[k]) if row and row[k] else None for k in ("dev", "test", "lr")}
         out.append(
             {
                 "run": run.info.get("run_name") or run.run_id,
@@ -165,37 +167,58 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
                 "test": got["test"],
                 "published_dev": was["dev"],
                 "published_test": was["test"],
+                "lr": float(run.params["trainer.lr"]),
+                "published_lr": was["lr"],
                 "same": row is not None and (got["dev"], got["test"]) == (was["dev"], was["test"]),
             }
         )
     return out
 
 
+def _mean_pct(rows: list[dict], key: str) -> str:
+    values = [r[key] for r in rows if r[key] is not None]
+    return f"{100 * sum(values) / len(values):.2f}" if values else "?"
+
+
 def _reruns_said(study: str) -> str:
-    """What the partial archive beside a page shows, in a sentence; empty without one."""
+    """What the partial archive beside a page shows, in sentences; empty without one: the runs
+    rerun with their published recipe (equal to the last digit, or which differ), and the
+    strategies redone at another lr (their study searched again), against the published."""
     folder = _dir(study)
     if not (folder / PARTIAL).is_dir():
         return ""
     found = reruns(study)
-    total = len(_csv(study, "runs.csv"))
-    runs = ", ".join(sorted(f"{r['freeze']} s{r['seed']}" for r in found))
-    differ = [r for r in found if not r["same"]]
-    said = (
-        f" Rerun from today's code so far: {len(found)} of its {total} runs ({runs}), archived in "
-        f"[{folder.name}/{PARTIAL}/]({folder.name}/{PARTIAL}/); "
-    )
-    if not differ:
-        return said + "each gives its published dev and test accuracy to the last digit."
-    return (
-        said
-        + "these differ from their published scores: "
-        + "; ".join(
-            f"{r['freeze']} s{r['seed']}: dev {r['dev']} (published {r['published_dev']}), "
-            f"test {r['test']} (published {r['published_test']})"
-            for r in differ
+    where = f"[{folder.name}/{PARTIAL}/]({folder.name}/{PARTIAL}/)"
+    same = [r for r in found if r["lr"] == r["published_lr"]]
+    said = ""
+    if same:
+        runs = ", ".join(sorted(f"{r['freeze']} s{r['seed']}" for r in same))
+        total = len(_csv(study, "runs.csv"))
+        said = f" Rerun from today's code so far: {len(same)} of its {total} runs ({runs}), "
+        said += f"archived in {where}; "
+        differ = [r for r in same if not r["same"]]
+        if not differ:
+            said += "each gives its published dev and test accuracy to the last digit."
+        else:
+            said += (
+                "these differ from their published scores: "
+                + "; ".join(
+                    f"{r['freeze']} s{r['seed']}: dev {r['dev']} (published {r['published_dev']}), "
+                    f"test {r['test']} (published {r['published_test']})"
+                    for r in differ
+                )
+                + "."
+            )
+    for freeze in sorted({r["freeze"] for r in found} - {r["freeze"] for r in same}):
+        rows = [r for r in found if r["freeze"] == freeze]
+        said += (
+            f" Redone so far: `{freeze}` at lr {rows[0]['lr']:.3g} (published at "
+            f"{rows[0]['published_lr']:.3g}), seeds {', '.join(sorted(r['seed'] for r in rows))}, "
+            f"archived in {where}: dev {_mean_pct(rows, 'dev')} % (published "
+            f"{_mean_pct(rows, 'published_dev')}), test {_mean_pct(rows, 'test')} % (published "
+            f"{_mean_pct(rows, 'published_test')}), means over those seeds."
         )
-        + "."
-    )
+    return said
 
 
 def results_source(study: str = RESULTS) -> str:
