@@ -56,9 +56,9 @@ IMPORTS = "torch,transformers,ablate.training.fit"
 # --dry-run: CPU, tiny shapes of the same architectures, a few sentences
 DRY = {
     "train_sentences": 16, "dev_sentences": 16, "epochs": 2, "grid_freeze": "none,all",
-    "grid_train_sentences": 16, "grid_workers": 2, "budget_s": 300.0, "profile_steps": 2,
+    "grid_train_sentences": 16, "grid_workers": 2, "budget_s": 900.0, "profile_steps": 2,
     "profile_skip": 1, "imports": "numpy", "a2_steps": 1, "a3_processes": "1,2",
-    "a3_seconds": 0.3, "a1_recipes": "plain_tf32,best_plain", "a1_batch_size": 4,
+    "a3_seconds": 0.3, "a1_recipes": "best_plain_compiled", "a1_batch_size": 4,
     "profile_recipes": "plain,ablate", "profile_models": "minilm",
 }  # fmt: skip
 TINY = {
@@ -197,20 +197,24 @@ def run_one_phase(phase: str, args, state: dict, models: dict, data: dict) -> No
     """Phase ``phase`` (one of ``PHASES``), its results written to ``--out`` as it ends."""
     from ablate.training.resources import usable_cpus
 
+    shape = [4, 16] if args.dry_run else [16, 64]  # A2's and A3's batch (tokens, no padding)
     if phase == "A0":
         step_phase("A0", "probe", {"imports": args.imports}, "", args, state)
     elif phase in ("A1", "table"):
         table_phase(args, state, models, data, kind=phase)
     elif phase == "A2":
         n, warm = args.a2_steps, max(1, min(5, args.a2_steps // 2))
-        spec = {"models": {m: models[m] for m in args.models}, "steps": n, "warmup": warm}
-        step_phase("A2", "step", spec, f"{n} steps timed after {warm}.", args, state)
+        spec = {"models": {m: models[m] for m in args.models}, "steps": n, "warmup": warm,
+                "shape": shape}  # fmt: skip
+        said = f"One batch of {shape[0]} x {shape[1]} tokens; {n} steps timed after {warm}."
+        step_phase("A2", "step", spec, said, args, state)
     elif phase == "A3":
         dtype = "fp32" if args.dry_run else "bf16"
         counts = [int(n) for n in args.a3_processes]
         spec = {"model": models["minilm"], "dtype": dtype, "seconds": args.a3_seconds,
-                "processes": counts, "cpus": usable_cpus()}  # fmt: skip
-        said = f"{dtype}, {args.a3_seconds:g} s at once, the CPU's threads shared among them."
+                "processes": counts, "cpus": usable_cpus(), "shape": shape}  # fmt: skip
+        said = (f"{dtype}, batches of {shape[0]} x {shape[1]}, {args.a3_seconds:g} s at once, "
+                "the CPU's threads shared among them.")  # fmt: skip
         step_phase("A3", "concurrent", spec, said, args, state)
     elif phase == "grid" and args.grid_workers > 0:
         grid_phase(args, state, models["minilm"], data)

@@ -36,40 +36,55 @@ RECIPES = {
 }
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 class StepTimer(TrainerCallback):
     """Per optimizer step: the epoch, its milliseconds from the previous step's end (or the
-    epoch's start; data loading included, the GPU synchronised at both ends, CPU wall clock on
-    the CPU) and the (batch, length) shapes it computed, read from the meter's ``BatchStats``
-    (the collated batch, or the rows a Trainer mixin computed)."""
+    epoch's start; data loading included) and the (batch, length) shapes it computed, read from
+    the meter's ``BatchStats`` (the collated batch, or the rows a Trainer mixin computed). On a
+    GPU a CUDA event marks each step's end on the stream, read once the epoch ends: no step
+    waits for the GPU, so the epoch's time is not changed by timing it. On the CPU, wall clock."""
 
     def __init__(self, stats, steps: list) -> None:
+        import torch
+
         self.stats, self.steps = stats, steps
-        self._t, self._k, self._cursor, self._epoch = 0.0, 0, 0, 0
+        self.cuda = torch.cuda.is_available()
+        self._k, self._cursor, self._epoch = 0, 0, 0
+        self._marks: list = []  # the epoch's start, then each step's end: event or time
+        self._shapes: list[str] = []
+
+    def _mark(self):
+        import torch
+
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        _sync()
         self._epoch += 1
         self._k = self._cursor = 0
-        self._t = time.perf_counter()
+        self._marks, self._shapes = [self._mark()], []
 
     def on_step_end(self, args, state, control, **kwargs):
-        _sync()
-        now = time.perf_counter()
+        self._marks.append(self._mark())
         shapes = self.stats.shapes
         if self.stats.by_trainer:  # the rows computed in this step
             mine, self._cursor = shapes[self._cursor :], len(shapes)
         else:  # the loader collates ahead: the k-th collated batch is the k-th step's
             mine = shapes[self._k : self._k + 1]
-        shape = "+".join(f"{b}x{n}" for b, n in mine) or "?"
-        self.steps.append([self._epoch, 1e3 * (now - self._t), shape])
-        self._t, self._k = now, self._k + 1
+        self._shapes.append("+".join(f"{b}x{n}" for b, n in mine) or "?")
+        self._k += 1
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        marks = self._marks
+        if self.cuda and len(marks) > 1:
+            marks[-1].synchronize()
+            ms = [a.elapsed_time(b) for a, b in zip(marks, marks[1:], strict=False)]
+        else:
+            ms = [1e3 * (b - a) for a, b in zip(marks, marks[1:], strict=False)]
+        self.steps += [[self._epoch, t, shape] for t, shape in zip(ms, self._shapes, strict=True)]
+        self._marks, self._shapes = [], []
 
 
 def _accuracy(eval_pred) -> dict[str, float]:
@@ -142,6 +157,8 @@ def fit(cfg, run, output_dir: str, recipe: str, steps: list) -> dict:
     from ablate.training.resources import torch_threads
 
     knobs = resolved(recipe)
+    if knobs.get("compile"):  # a worker's earlier jobs count towards dynamo's recompile limit
+        torch._dynamo.reset()
     torch.set_num_threads(torch_threads(cfg.trainer))
     set_seed(cfg.seed)
     task = tasks.get(cfg.data.task)

@@ -18,8 +18,9 @@ NAMES = {
     "best_plain_compiled": "best plain, compiled (`torch_compile=True`)",
 }
 BEST_COLUMNS = ["model", "strategy", "recipe", "train s/epoch", "step ms median",
-                "step ms p90", "× best plain", "eval s", "× best plain eval", "job wall s",
-                "peak GPU MiB", "tokens/s", "dev acc (%)"]  # fmt: skip
+                "step ms p90", "new-shape ms (steps)", "seen-shape ms (steps)", "× best plain",
+                "eval s", "× best plain eval", "job wall s", "peak GPU MiB", "tokens/s",
+                "dev acc (%)"]  # fmt: skip
 A1_COLUMNS = ["recipe", "step ms median", "step ms p90", "new-shape steps", "new-shape ms",
               "seen-shape steps", "seen-shape ms", "train s/epoch", "eval s", "job wall s",
               "dev acc (%)"]  # fmt: skip
@@ -27,18 +28,19 @@ A2_COLUMNS = ["model", "precision", "eager ms/step", "CUDA graph ms/step", "capt
               "graph / eager"]  # fmt: skip
 A3_COLUMNS = ["processes", "steps/s, all", "steps/s per process", "× 1 process"]
 SAID = {
-    "A0": "A0: versions, the kernels one bf16 `scaled_dot_product_attention` call (batch 16, "
-    "12 heads, length 64, head size 32) runs with cuDNN's attention on (torch's default) and off "
-    "(`torch.profiler`; on the CPU its ops), and each module's import in a fresh Python, twice "
-    "(the first pays a cold file cache where it is cold).",
+    "A0": "A0: versions; the kernels one bf16 `scaled_dot_product_attention` call (batch 16, "
+    "12 heads, length 64, head size 32, inputs that need grads, dropout 0.1) runs without and "
+    "with a padding mask, with cuDNN's attention on (torch's default) and off (`torch.profiler`; "
+    "on the CPU its ops); each module's import in a fresh Python, twice (the first pays a cold "
+    "file cache where it is cold).",
     "A1": "A1: MiniLM's shape, `none`, the plain recipes one process each (the table's data and "
-    "epochs). Step ms: from the previous step's end, the GPU synchronised at each end (data "
-    "loading included); median and p90 over the epochs after the first. A new-shape step is one "
-    "whose (batch, length) the job had not computed before, its first step left out.",
+    "epochs). Step ms: from the previous step's end (data loading included; CUDA events on the "
+    "GPU's stream, the CPU's clock on the CPU); median and p90 over the epochs after the "
+    "first. A new-shape step is one whose (batch, length) the job had not computed before, its "
+    "first step left out.",
     "A2": "A2: a bare training step (forward, backward, fused AdamW; random weights from each "
-    "model's config; one fixed batch of 16 x 64 tokens, no padding), eager and captured whole "
-    "as one CUDA graph (AdamW `capturable=True`, static inputs), in fp32 with TF32 and in bf16 "
-    "(autocast).",
+    "model's config; one fixed batch, no padding), eager and captured whole as one CUDA graph "
+    "(AdamW `capturable=True`, static inputs), in fp32 with TF32 and in bf16 (autocast).",
     "A3": "A3: processes each running MiniLM's bare eager step at the same time on one device: "
     "their steps per second summed.",
 }
@@ -86,6 +88,12 @@ def best_of(rows: dict, model: str, freeze: str) -> dict | None:
     return min(found, key=lambda r: r["train_s"]) if found else None
 
 
+def _shaped(row: dict, kind: str) -> str:
+    """``<median ms> (<steps>)`` of a row's new- or seen-shape steps."""
+    ms, n = row.get(f"{kind}_shape_ms"), row.get(f"{kind}_shape_steps")
+    return "—" if n is None else f"{_cell(ms, '{:.1f}')} ({n})"
+
+
 def _ratio(row: dict, best: dict | None, key: str) -> float | None:
     return row[key] / best[key] if best and best.get(key) else None
 
@@ -100,12 +108,13 @@ def best_table(rows: dict, models: list[str], freezes: list[str], recipes: list[
                 row = rows.get((model, freeze, recipe), "not run")
                 label = [model if i == 0 else "", freeze if i == 0 else "", name(recipe)]
                 if isinstance(row, str):
-                    lines.append([*label, row, *["—"] * 9])
+                    lines.append([*label, row, *["—"] * 11])
                     continue
                 lines.append([
                     *label, _cell(row["train_s"], "{:.2f}"),
                     _cell(row.get("step_ms_median"), "{:.1f}"),
                     _cell(row.get("step_ms_p90"), "{:.1f}"),
+                    _shaped(row, "new"), _shaped(row, "seen"),
                     _cell(_ratio(row, best, "train_s"), "{:.2f}"),
                     _cell(row["eval_s"], "{:.2f}"),
                     _cell(_ratio(row, best, "eval_s"), "{:.2f}"),
@@ -119,8 +128,10 @@ def best_table(rows: dict, models: list[str], freezes: list[str], recipes: list[
 BEST_SAID = (
     "× best plain is the train time's ratio to the better (shorter train s/epoch) of best plain "
     "and best plain compiled, × best plain eval the evaluation time's to that recipe's; step "
-    "ms is per optimizer step from the previous one's end, the GPU synchronised at each end, "
-    "median and p90 over the epochs after the first; job wall s is the job from its start to "
+    "ms is per optimizer step from the previous one's end (CUDA events on a GPU), median and "
+    "p90 over the epochs after the first; new- and seen-shape ms: the median step that computed "
+    "a (batch, length) its job had not before, and the others, over all epochs (the first step "
+    "left out), their counts in brackets; job wall s is the job from its start to "
     "its end (a compiled recipe's compile time in it)."
 )
 
@@ -143,9 +154,9 @@ def a0_text(a0: dict) -> str:
     """Phase A0's versions line, attention kernels and import times."""
     lines = [f"torch {a0['torch']} (CUDA {a0['cuda'] or '—'}), transformers "
              f"{a0['transformers']}, {a0['device']}."]  # fmt: skip
-    kernels = [[on, ", ".join(f"`{k}`" for k in a0["attention"].get(key, [])) or "—"]
-               for key, on in (("cudnn_on", "on"), ("cudnn_off", "off"))]  # fmt: skip
-    lines += ["", markdown_table(kernels, ["cuDNN attention", "kernels of one bf16 SDPA call"])]
+    kernels = [[case, ", ".join(f"`{k}`" for k in names) or "—"]
+               for case, names in a0["attention"].items()]  # fmt: skip
+    lines += ["", markdown_table(kernels, ["attention", "kernels of one bf16 SDPA call"])]
     imports = [[m, f"{t['cold_s']:.2f}", f"{t['warm_s']:.2f}"] for m, t in a0["imports"].items()]
     lines += ["", markdown_table(imports, ["import", "first s", "again s"], right=[1, 2])]
     return "\n".join(lines)

@@ -31,8 +31,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def build(folder: str, device: str):
-    """A token classifier with random weights from ``folder``'s config, and a fixed batch."""
+def build(folder: str, device: str, shape: tuple[int, int] = (BATCH, LENGTH)):
+    """A token classifier with random weights from ``folder``'s config, and a fixed batch of
+    ``shape`` (batch, length)."""
     import torch
     from transformers import AutoConfig, AutoModelForTokenClassification
 
@@ -40,8 +41,8 @@ def build(folder: str, device: str):
     torch.manual_seed(0)
     model = AutoModelForTokenClassification.from_config(config).to(device).train()
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, config.vocab_size, (BATCH, LENGTH), generator=g)
-    labels = torch.randint(0, LABELS, (BATCH, LENGTH), generator=g)
+    ids = torch.randint(5, config.vocab_size, tuple(shape), generator=g)
+    labels = torch.randint(0, LABELS, tuple(shape), generator=g)
     # no attention_mask: a full batch needs none, and building one reads it on the host
     return model, {"input_ids": ids.to(device), "labels": labels.to(device)}
 
@@ -60,11 +61,11 @@ def _precision(dtype: str, device: str):
     return contextlib.nullcontext()
 
 
-def eager(folder: str, dtype: str, device: str, steps: int, warmup: int) -> dict:
+def eager(folder: str, dtype: str, device: str, steps: int, warmup: int, shape) -> dict:
     """ms per bare eager step after ``warmup`` steps, over ``steps`` steps."""
     import torch
 
-    model, batch = build(folder, device)
+    model, batch = build(folder, device, shape)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
 
     def step() -> None:
@@ -84,14 +85,14 @@ def eager(folder: str, dtype: str, device: str, steps: int, warmup: int) -> dict
     return {"ms_per_step": 1e3 * (time.perf_counter() - t0) / steps, "steps": steps}
 
 
-def graphed(folder: str, dtype: str, device: str, steps: int, warmup: int) -> dict | str:
+def graphed(folder: str, dtype: str, device: str, steps: int, warmup: int, shape) -> dict | str:
     """ms per replay of the whole step captured as one CUDA graph, and the capture's ms; or
     why it could not be measured."""
     if device != "cuda":
         return "not available on cpu"
     import torch
 
-    model, batch = build(folder, device)
+    model, batch = build(folder, device, shape)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True, capturable=True)
 
     def step():
@@ -125,14 +126,16 @@ def graphed(folder: str, dtype: str, device: str, steps: int, warmup: int) -> di
             graph.replay()
         _sync(device)
     except Exception as exc:  # the table says why the graph has no number
-        return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"failed: {type(exc).__name__}: {first[:200]}"
     ms = 1e3 * (time.perf_counter() - t0) / steps
     return {"ms_per_step": ms, "capture_ms": capture_ms, "steps": steps}
 
 
 def attention_kernels(device: str) -> dict:
-    """The kernels (CUDA) or ops (CPU) one bf16 ``scaled_dot_product_attention`` call of a
-    training batch's shape runs, with cuDNN's attention on (torch's default) and off."""
+    """The kernels (CUDA) or ops (CPU) one bf16 ``scaled_dot_product_attention`` call runs as a
+    training step's would (inputs that need grads, dropout 0.1), without and with a padding
+    mask, with cuDNN's attention on (torch's default) and off."""
     import torch
     import torch.nn.functional as F
     from torch.autograd import DeviceType
@@ -140,20 +143,31 @@ def attention_kernels(device: str) -> dict:
 
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device == "cuda" else [])]
     q = torch.randn(BATCH, 12, LENGTH, 32, device=device, dtype=torch.bfloat16)
+    q.requires_grad_(True)
+    pad = torch.ones(BATCH, 1, 1, LENGTH, dtype=torch.bool, device=device)
+    pad[: BATCH // 2, ..., LENGTH // 2 :] = False  # half the rows padded to half the length
     found = {}
     for cudnn in (True, False):
         if device == "cuda":
             torch.backends.cuda.enable_cudnn_sdp(cudnn)
-        F.scaled_dot_product_attention(q, q, q)  # its first call's set-up, unprofiled
-        _sync(device)
-        with profile(activities=activities) as prof:
-            F.scaled_dot_product_attention(q, q, q)
+        for mask in (None, pad):
+
+            def call(mask=mask):
+                return F.scaled_dot_product_attention(q, q, q, attn_mask=mask, dropout_p=0.1)
+
+            call()  # its first call's set-up, unprofiled
             _sync(device)
-        if device == "cuda":
-            names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
-        else:
-            names = [e.name for e in prof.events() if "scaled_dot_product" in e.name]
-        found["cudnn_on" if cudnn else "cudnn_off"] = sorted(set(names))
+            with profile(activities=activities) as prof:
+                call()
+                _sync(device)
+            kind = DeviceType.CUDA if device == "cuda" else DeviceType.CPU
+            names = {e.name for e in prof.events() if e.device_type == kind}
+            if device != "cuda":
+                names = {n for n in names if "scaled_dot_product" in n or "attention" in n}
+            key = f"cuDNN {'on' if cudnn else 'off'}" + (
+                ", padding mask" if mask is not None else ""
+            )
+            found[key] = sorted(names)
     if device == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(True)
     return found
@@ -198,10 +212,10 @@ def bare_steps(spec: dict, save) -> dict:
     out = {}
     for name, folder in spec["models"].items():
         for dtype in ("tf32", "bf16"):
-            n, w = spec["steps"], spec["warmup"]
+            n, w, shape = spec["steps"], spec["warmup"], spec["shape"]
             out[f"{name}/{dtype}"] = {
-                "eager": eager(folder, dtype, device, n, w),
-                "graph": graphed(folder, dtype, device, n, w),
+                "eager": eager(folder, dtype, device, n, w, shape),
+                "graph": graphed(folder, dtype, device, n, w, shape),
             }
             save(out)
             if device == "cuda":
@@ -216,7 +230,7 @@ def loop(spec: dict) -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(spec["threads"])
-    model, batch = build(spec["model"], device)
+    model, batch = build(spec["model"], device, spec["shape"])
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
 
     def step() -> None:

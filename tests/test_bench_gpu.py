@@ -15,8 +15,8 @@ import gpu_report
 import gpu_table
 import pytest
 
-# the table's recipes in the dry run: best plain compiled covers best plain's settings, A1 the rest
-RECIPES = ("plain", "best_plain_compiled", "ablate")
+# the dry run's table recipes (A1 runs best plain compiled: the one compile of the dry run)
+RECIPES = ("plain", "best_plain", "ablate")
 
 
 def test_bench_gpu_dry_run_measures_every_recipe_and_both_grids(tmp_path, monkeypatch):
@@ -83,16 +83,18 @@ def _check_new_phases(logged: dict, jobs: dict, text: str) -> None:
     """What phases A0 to A3 and the table's best-plain and per-step columns wrote."""
     a0 = logged["A0"]["results"]
     assert a0["torch"] and a0["transformers"] and a0["device"] == "CPU" and a0["cuda"] is None
-    for on in ("cudnn_on", "cudnn_off"):  # the CPU's attention op, read by the profiler
-        assert any("scaled_dot_product" in k for k in a0["attention"][on])
+    cases = ("cuDNN on", "cuDNN on, padding mask", "cuDNN off", "cuDNN off, padding mask")
+    assert tuple(a0["attention"]) == cases
+    for case in cases:  # the CPU's attention ops, read by the profiler
+        assert any("scaled_dot_product" in k for k in a0["attention"][case])
     assert set(a0["imports"]) == {"numpy"}  # the dry run's: torch's costs seconds
     assert a0["imports"]["numpy"]["cold_s"] > 0 and a0["imports"]["numpy"]["warm_s"] > 0
     a1 = {j["recipe"]: j for j in logged["A1"]}
-    assert set(a1) == {"plain_tf32", "best_plain"}
-    assert a1["plain_tf32"]["settings"]["note"] == "tf32: not available on cpu"
-    assert a1["best_plain"]["settings"] == {
+    assert set(a1) == {"best_plain_compiled"}
+    assert a1["best_plain_compiled"]["settings"] == {
         "bf16": True, "tf32": False, "cudnn_sdp": False, "optim": "adamw_torch_fused",
-        "eval_batch": 64, "argmax_on_device": True, "nan_filter": False,
+        "eval_batch": 64, "argmax_on_device": True, "nan_filter": False, "compile": True,
+        "compile_backend": "eager",  # the CPU's: dynamo's tracing, no code generation
     }  # fmt: skip
     for job in a1.values():  # 16 sentences in batches of 4: 4 timed steps an epoch
         assert [e for e, _, _ in job["steps"]] == [1] * 4 + [2] * 4
@@ -111,25 +113,22 @@ def _check_new_phases(logged: dict, jobs: dict, text: str) -> None:
     # every recipe of the table timed its steps, ablate's (through a plugin) too
     for (job, recipe), got in jobs.items():
         assert got["steps"] and all(ms > 0 for _, ms, _ in got["steps"]), (job, recipe)
-    compiled = jobs[("minilm/lora", "best_plain_compiled")]["settings"]
-    assert compiled["compile"] and compiled["compile_backend"] == "eager"
-    assert compiled["optim"] == "adamw_torch_fused" and compiled["cudnn_sdp"] is False
+    best_settings = jobs[("minilm/lora", "best_plain")]["settings"]
+    assert best_settings["optim"] == "adamw_torch_fused" and best_settings["cudnn_sdp"] is False
     rows = {(r["model"], r["recipe"]): r for r in logged["table"]}
-    best = rows[("minilm", "best_plain_compiled")]  # the one best plain of the dry run's table
+    best = rows[("minilm", "best_plain")]  # the one best plain of the dry run's table
     ablate = rows[("minilm", "ablate")]
     said = f"| {ablate['train_s']:.2f} | {ablate['step_ms_median']:.1f} |"
     assert (
-        f"{said} {ablate['step_ms_p90']:.1f} | {ablate['train_s'] / best['train_s']:.2f} |" in text
+        f"{said} {ablate['step_ms_p90']:.1f} | " in text
+        and f"| {ablate['train_s'] / best['train_s']:.2f} | {ablate['eval_s']:.2f} |" in text
     )
-    assert (
-        "| recipe | train s/epoch | step ms median | step ms p90 | × best plain | eval s |" in text
-    )
-    assert "|  |  | best plain, compiled (`torch_compile=True`) |" in text
+    assert "| step ms p90 | new-shape ms (steps) | seen-shape ms (steps) | × best plain |" in text
+    assert "|  |  | best plain | " in text
     for phase in ("A0: versions", "A1: MiniLM's shape", "A2: a bare training step", "A3: "):
         assert phase in text
     assert "| minilm | tf32 |" in text and "| not available on cpu | — | — |" in text
-    assert "| plain fp32 + TF32 (`tf32=True`) |" in text and "| 2 |" in text
-    assert "|  |  | best plain, compiled (`torch_compile=True`) | " in text
+    assert "| best plain, compiled (`torch_compile=True`) |" in text and "| 2 |" in text
 
 
 def test_a_phase_or_recipe_the_bench_does_not_know_is_refused_naming_the_known_ones(capsys):
@@ -142,6 +141,14 @@ def test_a_phase_or_recipe_the_bench_does_not_know_is_refused_naming_the_known_o
         with pytest.raises(SystemExit):
             bench_gpu.parse([flag, value])
         assert said[flag] in capsys.readouterr().err
+
+
+def test_the_plain_recipes_settings_on_the_cpu_say_what_does_not_apply_there():
+    import gpu_plain
+
+    assert gpu_plain.resolved("plain_tf32") == {"tf32": None, "note": "tf32: not available on cpu"}
+    assert gpu_plain.resolved("plain_bf16_nocudnn") == {"bf16": True, "cudnn_sdp": False}
+    assert gpu_plain.resolved("best_plain")["bf16"] is True  # the CPU's bf16 autocast
 
 
 def test_step_stats_read_the_epochs_after_the_first_and_split_new_from_seen_shapes():
@@ -160,8 +167,12 @@ def test_step_stats_read_the_epochs_after_the_first_and_split_new_from_seen_shap
             ("m", "none", "ablate"): row}  # fmt: skip
     text = gpu_table.table(rows, ["m"], ["none"], ["best_plain", "best_plain_compiled", "ablate"])
     # the better best plain is the compiled one (3.0 s): every ratio is against it
-    assert "|  |  | ablate (its defaults) | 2.00 | 12.5 | 31.9 | 0.67 | 1.00 | 0.50 | 9.0 |" in text
-    assert "| m | none | best plain | 4.00 | 12.5 | 31.9 | 1.33 | 0.50 | 0.25 |" in text
+    ablate = "|  |  | ablate (its defaults) | 2.00 | 12.5 | 31.9 | 35.0 (2) | 11.5 (4) | 0.67 |"
+    assert f"{ablate} 1.00 | 0.50 | 9.0 |" in text
+    assert (
+        "| m | none | best plain | 4.00 | 12.5 | 31.9 | 35.0 (2) | 11.5 (4) | 1.33 | 0.50 | 0.25 |"
+        in text
+    )
 
 
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "measured"
