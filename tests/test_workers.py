@@ -43,6 +43,27 @@ def test_a_sweeps_jobs_run_in_workers_forked_from_the_preloaded_sweep(slice_root
     assert "report/accuracy.png" in {a.path for a in _artifacts(store, parent.info.run_id)}
 
 
+def test_a_new_sqlite_store_is_made_by_a_process_of_its_own_while_the_sweep_imports(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from ablate.tracking.store import EXPERIMENT_KIND, schema_lock
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = OmegaConf.create({"uri": store, "experiment": "early"})
+    maker = workers.new_store(tracking)
+    assert maker is not None and maker.pid != os.getpid()
+    maker.join(timeout=300)
+    assert maker.exitcode == 0
+    with schema_lock(store):
+        made = MlflowClient(store).get_experiment_by_name("early")
+    assert made is not None and EXPERIMENT_KIND in made.tags
+    assert workers.new_store(tracking) is None  # there now: nothing to make
+    assert (
+        workers.new_store(OmegaConf.create({"uri": "http://127.0.0.1:9", "experiment": "x"}))
+        is None
+    )
+
+
 def _artifacts(store: str, run_id: str) -> list:
     from mlflow.tracking import MlflowClient
 

@@ -1,16 +1,17 @@
 """ablate's launcher of local worker processes (``hydra/launcher=workers``), whose workers start
 preloaded.
 
-The sweep (``ablate.sweep``) calls ``start`` as its first step: its own process imports the
-training stack (torch, transformers, MLflow, ablate's training modules) once, takes those objects
-out of the garbage collector's scans, and forks its ``n_jobs`` workers from itself, before it
-opens its store (a forked process must not share its parent's database connections). Every job
-then runs in one of those workers, each of which runs many jobs and imports nothing the sweep
-had imported. The workers are the sweep's own children: a stop signal the sweep receives reaches
-them (``ablate.tracking.signals.pass_on``), and a worker that dies ends the sweep, as joblib's
-did. Each worker leaves ``<sweep dir>/.workers/<token>-<pid>.json``: what it started with and the
-sweep's jobs it ran. Where ``fork`` is not available the workers are spawned and import per
-worker.
+The sweep (``ablate.sweep``) calls ``start`` as its first step: its own process imports the training
+stack (torch, transformers, MLflow, ablate's training modules) once, takes those objects out of the
+garbage collector's scans, and forks its ``n_jobs`` workers from itself, before it opens its store
+(a forked process must not share its parent's database connections); a new sqlite store is made
+meanwhile by a process of its own (``new_store``). Every job then runs in one of those workers, each
+of which runs many jobs and imports nothing the sweep had imported, with the config the sweeper
+composed to check it (``Kept``). The workers are the sweep's own children: a stop signal the sweep
+receives reaches them (``ablate.tracking.signals.pass_on``), and a worker that dies ends the sweep,
+as joblib's did. Each worker leaves ``<sweep dir>/.workers/<token>-<pid>.json``: what it started
+with and the sweep's jobs it ran. Where ``fork`` is not available the workers are spawned and import
+per worker.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def start(config: DictConfig) -> bool:
         return False
     from ablate.training.resources import set_wait_policy
 
+    store = new_store(config.tracking)  # made meanwhile, in a process of its own
     policy = set_wait_policy(config.trainer)  # before torch loads OpenMP, which the workers inherit
     forked = "fork" in multiprocessing.get_all_start_methods()
     t0 = time.perf_counter()
@@ -106,7 +108,33 @@ def start(config: DictConfig) -> bool:
         initargs=(str(folder), record),
     )
     _pool.submit(int).result()  # forks all the workers now, before this process opens a store
+    if store is not None:
+        store.join()  # the sweep's own preparation then finds it made (or says what failed)
     return True
+
+
+def new_store(tracking: DictConfig) -> multiprocessing.Process | None:
+    """A fresh sqlite store's schema and experiment, made by a forked process while this one
+    imports: MLflow's migrations of a new file take seconds of their own. None for a store that
+    is there already, or a server's."""
+    uri = str(tracking.uri)
+    path = Path(uri.removeprefix("sqlite:///"))
+    if not uri.startswith("sqlite:///") or path.exists() or not path.parent.is_dir():
+        return None
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    process = multiprocessing.get_context("fork").Process(
+        target=_make_store, args=(uri, str(tracking.experiment)), daemon=True
+    )
+    process.start()
+    return process
+
+
+def _make_store(uri: str, experiment: str) -> None:
+    from ablate.tracking.store import prepare
+
+    with contextlib.suppress(Exception):  # the sweep prepares it again, and says what fails
+        prepare(uri, experiment)
 
 
 def _begin(folder: str, record: dict[str, Any]) -> None:
