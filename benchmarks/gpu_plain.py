@@ -17,7 +17,6 @@ per-step clock every recipe of the bench (ablate's too) trains under.
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 from transformers import TrainerCallback
@@ -87,38 +86,6 @@ class StepTimer(TrainerCallback):
         self._marks, self._shapes = [], []
 
 
-def _accuracy(eval_pred) -> dict[str, float]:
-    """Accuracy over the scored positions, from logits or from ids argmaxed on the device."""
-    import numpy as np
-
-    from ablate.tasks.metrics import accuracy, scored
-
-    preds = eval_pred.predictions
-    preds = preds[0] if isinstance(preds, tuple) else preds
-    labels = np.asarray(eval_pred.label_ids)
-    preds = np.asarray(preds)
-    ids = preds if preds.ndim == labels.ndim else np.argmax(preds, axis=-1)
-    gold, pred = scored(ids, labels)
-    return {"accuracy": accuracy(gold, pred), "words": float(gold.size)}
-
-
-def _argmax(logits, labels):
-    return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
-
-
-@contextlib.contextmanager
-def _cudnn_sdp(enabled: bool):
-    """cuDNN attention on or off for the job (a process-wide setting), restored after it."""
-    import torch
-
-    was = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(enabled)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(was)
-
-
 def resolved(recipe: str) -> dict:
     """``recipe``'s settings on this machine: ``bf16="auto"`` is bf16 where the GPU (or the CPU)
     has it, else TF32; TF32 only on a CUDA GPU; compiling on the CPU with dynamo's eager
@@ -139,83 +106,19 @@ def resolved(recipe: str) -> dict:
 
 
 def fit(cfg, run, output_dir: str, recipe: str, steps: list) -> dict:
-    """``recipe`` on ``cfg``'s data, model, freezing and optimisation settings, recorded through
-    ``run`` (a ``Recorder``), each step's time into ``steps``; returns the settings it used."""
+    """``recipe`` on ``cfg``'s data, model, freezing and optimisation settings (the plain recipe,
+    ``shared.plain_fit``, with the recipe's knobs), recorded through ``run`` (a ``Recorder``),
+    each step's time into ``steps``; returns the settings it used."""
     import torch
-    from transformers import (
-        DataCollatorForTokenClassification,
-        Trainer,
-        TrainingArguments,
-        set_seed,
-    )
-
-    from ablate import strategies, tasks
-    from ablate.data.files import locate
-    from ablate.models.build import build, load_tokenizer
-    from ablate.training.callbacks import EpochLogger
-    from ablate.training.meter import CountingCollator, SpeedMeter
-    from ablate.training.resources import torch_threads
+    from shared import plain_fit
 
     knobs = resolved(recipe)
     if knobs.get("compile"):  # a worker's earlier jobs count towards dynamo's recompile limit
         torch._dynamo.reset()
-    torch.set_num_threads(torch_threads(cfg.trainer))
-    set_seed(cfg.seed)
-    task = tasks.get(cfg.data.task)
-    files = locate(cfg.data)
-    sentences = {s: task.read(p, lowercase=cfg.data.lowercase) for s, p in files.paths.items()}
-    if cfg.data.max_train_sentences is not None:
-        sentences["train"] = sentences["train"][: cfg.data.max_train_sentences]
-    tokenizer = load_tokenizer(cfg.model)
-    label2id = {name: i for i, name in enumerate(task.labels)}
-    features = {
-        s: task.encode(sents, tokenizer, label2id, cfg.data.max_length)
-        for s, sents in sentences.items()
-    }
-    model = strategies.apply(build(cfg.model, task.model_class, task.labels), cfg.freeze).model
-    t = cfg.trainer
-    extra = {k: knobs[v] for k, v in (("optim", "optim"), ("torch_compile", "compile"),
-             ("torch_compile_backend", "compile_backend"), ("tf32", "tf32"),
-             ("per_device_eval_batch_size", "eval_batch")) if knobs.get(v)}  # fmt: skip
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=t.epochs,
-        learning_rate=t.lr,
-        per_device_train_batch_size=t.batch_size,
-        weight_decay=t.weight_decay,
-        eval_strategy="epoch",
-        logging_strategy="epoch",
-        save_strategy="no",
-        report_to="none",
-        seed=cfg.seed,
-        bf16=bool(knobs.get("bf16")),
-        use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=True,
-        logging_nan_inf_filter=knobs.get("nan_filter", True),
-        **extra,
-    )
-    collator = CountingCollator(DataCollatorForTokenClassification(tokenizer))
-    with _cudnn_sdp(knobs.get("cudnn_sdp", True)):
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=features["train"],
-            eval_dataset=features["dev"],
-            data_collator=collator,
-            processing_class=tokenizer,
-            compute_metrics=_accuracy,
-            preprocess_logits_for_metrics=_argmax if knobs.get("argmax_on_device") else None,
-            callbacks=[
-                EpochLogger(run),
-                SpeedMeter(run, collator, measure_flops=False),
-                StepTimer(collator.stats, steps),
-            ],  # fmt: skip
-        )
-        trainer.train()
-        for split in ("dev", "test"):  # the final predictions, as ablate and shared.py make
-            out = trainer.predict(features[split])
-            if split == "test":
-                run.metrics({"test_accuracy": _accuracy(out)["accuracy"]})
+    plain_fit(
+        cfg, run, output_dir, knobs, measure_flops=False,
+        callbacks=lambda collator: [StepTimer(collator.stats, steps)],
+    )  # fmt: skip
     return {k: v for k, v in knobs.items() if v is not None}
 
 

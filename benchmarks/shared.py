@@ -6,8 +6,11 @@ and epochs as ablate."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def compose(overrides: list[str]):
@@ -40,21 +43,45 @@ def write_slice(data: str, root: Path, sizes: dict[str, int], source: str | None
 
 
 def plain_accuracy(eval_pred) -> dict[str, float]:
-    """The study's compute_metrics: argmax over the full logits the Trainer gathered."""
+    """The study's compute_metrics: accuracy over the scored positions, from the full logits the
+    Trainer gathered, or from ids a recipe argmaxed on the device."""
     import numpy as np
 
     from ablate.tasks.metrics import accuracy, scored
 
-    logits = eval_pred.predictions
-    logits = logits[0] if isinstance(logits, tuple) else logits
-    gold, pred = scored(np.argmax(logits, axis=-1), np.asarray(eval_pred.label_ids))
+    preds = eval_pred.predictions
+    preds = np.asarray(preds[0] if isinstance(preds, tuple) else preds)
+    labels = np.asarray(eval_pred.label_ids)
+    ids = preds if preds.ndim == labels.ndim else np.argmax(preds, axis=-1)
+    gold, pred = scored(ids, labels)
     return {"accuracy": accuracy(gold, pred), "words": float(gold.size)}
 
 
-def plain_fit(cfg, run, output_dir: str, bf16: bool = False, measure_flops: bool = True) -> None:
+def _argmax(logits, labels):
+    return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
+
+
+@contextlib.contextmanager
+def _cudnn_sdp(enabled: bool):
+    """cuDNN attention on or off for the job (a process-wide setting), restored after it."""
+    import torch
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def plain_fit(
+    cfg, run, output_dir: str, knobs: dict | None = None, measure_flops: bool = True,
+    callbacks: Callable[[Any], list] = lambda collator: [],
+) -> None:  # fmt: skip
     """The plain recipe on ``cfg``'s data, model, freezing and optimisation settings, recorded
-    through ``run`` (a ``Recorder``); ``bf16``: what a user adds for a GPU, ``bf16=True``."""
-    import numpy as np
+    through ``run`` (a ``Recorder``). ``knobs``: what a user changes in it (``gpu_plain.RECIPES``:
+    bf16, tf32, optim, compile, eval_batch, argmax_on_device, nan_filter, cudnn_sdp);
+    ``callbacks``: more Trainer callbacks, made from the counting collator."""
     import torch
     from transformers import (
         DataCollatorForTokenClassification,
@@ -66,11 +93,11 @@ def plain_fit(cfg, run, output_dir: str, bf16: bool = False, measure_flops: bool
     from ablate import strategies, tasks
     from ablate.data.files import locate
     from ablate.models.build import build, load_tokenizer
-    from ablate.tasks.metrics import accuracy, scored
     from ablate.training.callbacks import EpochLogger
     from ablate.training.meter import CountingCollator, SpeedMeter
     from ablate.training.resources import peak_rss_mb, torch_threads
 
+    knobs = knobs or {}
     torch.set_num_threads(torch_threads(cfg.trainer))
     set_seed(cfg.seed)
     task = tasks.get(cfg.data.task)
@@ -88,6 +115,9 @@ def plain_fit(cfg, run, output_dir: str, bf16: bool = False, measure_flops: bool
     run.metrics({"tokenize_time_s": time.perf_counter() - t0})
     model = strategies.apply(build(cfg.model, task.model_class, task.labels), cfg.freeze).model
     t = cfg.trainer
+    extra = {k: knobs[v] for k, v in (("optim", "optim"), ("torch_compile", "compile"),
+             ("torch_compile_backend", "compile_backend"), ("tf32", "tf32"),
+             ("per_device_eval_batch_size", "eval_batch")) if knobs.get(v)}  # fmt: skip
     args = TrainingArguments(
         output_dir=output_dir,
         num_train_epochs=t.epochs,
@@ -99,26 +129,32 @@ def plain_fit(cfg, run, output_dir: str, bf16: bool = False, measure_flops: bool
         save_strategy="no",
         report_to="none",
         seed=cfg.seed,
-        bf16=bf16,
+        bf16=bool(knobs.get("bf16")),
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=True,
+        logging_nan_inf_filter=knobs.get("nan_filter", True),
+        **extra,
     )
     collator = CountingCollator(DataCollatorForTokenClassification(tokenizer))
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=features["train"],
-        eval_dataset=features["dev"],
-        data_collator=collator,
-        processing_class=tokenizer,
-        compute_metrics=plain_accuracy,
-        callbacks=[EpochLogger(run), SpeedMeter(run, collator, measure_flops=measure_flops)],
-    )
-    trainer.train()
-    for split in ("dev", "test"):  # the same final predictions as ablate makes
-        out = trainer.predict(features[split])
-        logits = out.predictions[0] if isinstance(out.predictions, tuple) else out.predictions
-        gold, pred = scored(np.argmax(logits, axis=-1), np.asarray(out.label_ids))
-        if split == "test":
-            run.metrics({"test_accuracy": accuracy(gold, pred)})
+    with _cudnn_sdp(knobs.get("cudnn_sdp", True)):
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=features["train"],
+            eval_dataset=features["dev"],
+            data_collator=collator,
+            processing_class=tokenizer,
+            compute_metrics=plain_accuracy,
+            preprocess_logits_for_metrics=_argmax if knobs.get("argmax_on_device") else None,
+            callbacks=[
+                EpochLogger(run),
+                SpeedMeter(run, collator, measure_flops=measure_flops),
+                *callbacks(collator),
+            ],
+        )
+        trainer.train()
+        for split in ("dev", "test"):  # the same final predictions as ablate makes
+            out = trainer.predict(features[split])
+            if split == "test":
+                run.metrics({"test_accuracy": plain_accuracy(out)["accuracy"]})
     run.metrics({"peak_rss_mb": peak_rss_mb()})
