@@ -71,6 +71,9 @@ class EpochLogger(TrainerCallback):
             {f"dev_{k}": metrics[f"eval_{k}"] for k in self.also if f"eval_{k}" in metrics}
         )
         self.record.metrics(logged, step=epoch_of(state))
+        # sent now, before the epoch's checkpoint is saved: a run killed after that checkpoint
+        # shows the epochs it resumes after
+        self.record.heartbeat()
         loss = "" if self._loss is None else f", train loss {self._loss:.4f}"
         epochs = round(args.num_train_epochs)
         log.info(
