@@ -17,6 +17,7 @@ import pytest
 from helpers.data import ROOT
 from helpers.runs import slice_overrides
 from helpers.store import logged_runs
+from mlflow import MlflowClient
 from omegaconf import open_dict
 
 from ablate.errors import AblateError
@@ -141,6 +142,13 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(slice_root, store, tmp
     with open_dict(cfg):
         cfg.lr_study.freeze = ["bitfit"]
     assert tuned_lr(cfg, "x").run_id in {runs[3e-3].info.run_id, runs[1e-3].info.run_id}
+    # a tie goes to the earliest trial, as Optuna's best_trial picks: the grid's lr and the
+    # study's summary agree, whatever order the store returns the trials in
+    first, later = sorted((runs[3e-3], runs[1e-3]), key=lambda r: r.info.start_time)
+    tied = first.data.metrics["best_dev_accuracy"]
+    MlflowClient(store).log_metric(later.info.run_id, "best_dev_accuracy", tied, step=10**6)
+    assert tuned_lr(cfg, "x").run_id == first.info.run_id
+    assert best(study_cli.study_of(cfg)).run_id == first.info.run_id
 
 
 def _finished(study: optuna.Study, lrs: list[float]) -> None:

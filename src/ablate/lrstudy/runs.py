@@ -99,8 +99,10 @@ def best(study: Study) -> Best:
 def _top(
     study: Study, same: list, other_settings: int = 0, pruned: int = 0, saved: int = 0
 ) -> Best:
-    """The best of ``study``'s finished trials ``same`` (those run with equal settings)."""
-    top = max(same, key=lambda r: r.data.metrics[study.metric])
+    """The best of ``study``'s finished trials ``same`` (those run with equal settings); of
+    trials that tie, the earliest, as Optuna's ``best_trial`` (which decides the widening) picks,
+    whatever order ``same`` comes in."""
+    top = max(same, key=lambda r: (r.data.metrics[study.metric], -r.info.start_time))
     lr, value = float(top.data.params["trainer.lr"]), top.data.metrics[study.metric]
     return Best(study, len(same), lr, value, top.info.run_id, other_settings, pruned, saved)
 
