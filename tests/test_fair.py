@@ -28,7 +28,8 @@ def test_a_report_reads_each_strategys_own_keys_as_its_runs_recorded_them():
 def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     cfg = compose_cfg("experiment=fair")
     assert cfg.data.name == "naija" and cfg.skip_finished and cfg.tracking.experiment == "paper"
-    assert list(cfg.lr_study.freeze) == ["features", "head_only", "bitfit", "lora"]
+    zoo = ["ia3", "dora", "loha", "lokr", "adalora", "vera", "ln_tuning"]
+    assert list(cfg.lr_study.freeze) == ["features", "head_only", "bitfit", "lora", *zoo]
     assert cfg.lr_study.experiment == "fair-lr"
     features = compose_cfg("experiment=fair", "freeze=features")
     assert features.model.head == "bilstm" and features.freeze.all and features.freeze.embeddings
@@ -40,7 +41,7 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     assert option_keys("gone") == set()
 
     options, overrides = study_cli.for_studies(["experiment=fair"])
-    assert options == ["features", "head_only", "bitfit", "lora"]
+    assert options == ["features", "head_only", "bitfit", "lora", *zoo]
     assert overrides == ["experiment=fair", "lr_study.freeze=[]", "tracking.experiment=fair-lr"]
     trial = study_cli.compose_trial("lora", overrides)
     assert list(trial.lr_study.range) == [1e-5, 1e-2] and trial.lr_study.trials == 6
