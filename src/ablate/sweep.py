@@ -110,7 +110,11 @@ class Sweep(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # first: the workers (hydra/launcher=workers) fork before this process opens the store
-        self.preloaded = workers.start(config)
+        try:
+            self.preloaded = workers.start(config)
+        except AblateError as exc:  # a launcher key out of range: one line, before any job
+            print(f"ablate: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         from mlflow.tracking import MlflowClient
 
         from ablate.tracking import parent

@@ -58,14 +58,22 @@ _record: Path | None = None  # in a worker: its record, which lists the jobs it 
 
 
 def count(launcher: DictConfig) -> int | None:
-    """How many workers ablate's launcher runs (``n_jobs``; -1 one per usable CPU, -2 all
-    but one, as joblib counts); None for another launcher."""
+    """How many workers ablate's launcher runs (``resources.plan_workers``: ``n_jobs``, or with
+    ``auto`` several jobs per GPU, the GPUs' free memory read once per process); None for
+    another launcher."""
     if launcher.get("_target_") != LAUNCHER:
         return None
-    from ablate.training.resources import usable_cpus
+    from ablate.training.resources import plan_workers
 
-    n = int(launcher.get("n_jobs") or 1)
-    return n if n > 0 else max(1, usable_cpus() + 1 + n)
+    global _said
+    workers, why = plan_workers(launcher)
+    if why != _said:  # once per sweep, not at each batch's launch
+        log.info("workers: %s", why)
+        _said = why
+    return workers
+
+
+_said = ""
 
 
 def start(config: DictConfig) -> bool:
@@ -142,9 +150,10 @@ def _begin(folder: str, record: dict[str, Any]) -> None:
     started with: its parent, the modules it has loaded already)."""
     import sys
 
-    from ablate.training.resources import assign_gpu
+    from ablate.training.resources import PLANNED, assign_gpu
 
     global _record
+    os.environ[PLANNED] = str(record["workers"])  # the sweep's plan, for its jobs' threads
     mine = Path(folder) / f"{record['token']}-{os.getpid()}.json"
     done = {"pid": os.getpid(), "parent": os.getppid(), "started": time.time(), **record}
     loaded = [name for name in PRELOAD if name in sys.modules]

@@ -3,6 +3,7 @@ launcher's workers, and its peak memory."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import resource
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 if TYPE_CHECKING:
@@ -32,12 +34,87 @@ def usable_cpus() -> int:
     return max(1, cpus)
 
 
+# The number of workers a sweep planned, passed to its workers' jobs: what they see of the GPUs'
+# free memory once their neighbours have started is not what the sweep saw.
+PLANNED = "ABLATE_LAUNCHER_WORKERS"
+
+
 def launcher_workers() -> int:
-    """How many jobs a parallel launcher runs at once on this machine (1 outside one)."""
-    if not HydraConfig.initialized():
+    """How many jobs a parallel launcher runs at once on this machine (1 outside one): the
+    sweep's plan where it made one (``plan_workers``), else the launcher's ``n_jobs``."""
+    if os.environ.get(PLANNED, "").isdigit():
+        return int(os.environ[PLANNED])
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return 1
-    workers = OmegaConf.select(HydraConfig.get(), "launcher.n_jobs", default=None) or 1
-    return usable_cpus() if workers < 0 else workers  # joblib: -1 = one worker per CPU
+    return plan_workers(OmegaConf.select(HydraConfig.get(), "launcher", default={}) or {})[0]
+
+
+def plan_workers(launcher, cpus: int | None = None, free_mib: list[int] | None = None):
+    """How many jobs ``launcher`` runs at once here, and why (for the sweep's log).
+
+    ``n_jobs`` > 0: that many; < 0: joblib's count (-1 one per CPU, -2 all but one); ``auto``
+    (ablate's launcher's default): with GPUs, several jobs on each (``jobs_per_gpu``, at most as
+    many as its free memory holds at ``gpu_memory_per_job_gib`` each), at most one per CPU; without,
+    one job at a time with every CPU, so that its times are its own. ``cpus`` and ``free_mib``
+    (each visible GPU's free memory) default to this machine's."""
+    from ablate.errors import AblateError
+
+    cpus = usable_cpus() if cpus is None else cpus
+    n, fixed = launcher.get("n_jobs", 1), launcher.get("jobs_per_gpu")
+    n = 1 if n is None else n
+    per_job = launcher.get("gpu_memory_per_job_gib", 10)
+    wrong = {
+        "n_jobs": n != "auto" and not (isinstance(n, int) and n != 0),
+        "jobs_per_gpu": fixed is not None and not (isinstance(fixed, int) and fixed > 0),
+        "gpu_memory_per_job_gib": not (isinstance(per_job, int | float) and per_job > 0),
+    }
+    if bad := [key for key, is_wrong in wrong.items() if is_wrong]:
+        raise AblateError(
+            f"hydra.launcher.{bad[0]}={launcher.get(bad[0])!r}: n_jobs takes auto or a non-zero "
+            "integer (-1 one job per CPU, -2 all but one), jobs_per_gpu a positive integer (or "
+            "null: as many as the GPU's memory holds), gpu_memory_per_job_gib a positive number"
+        )
+    if n != "auto":
+        return (n, f"n_jobs={n}") if n > 0 else (max(1, cpus + 1 + n), f"n_jobs={n}: {cpus} CPUs")
+    free = gpu_free_mib() if free_mib is None else free_mib
+    if not free:
+        return 1, "n_jobs=auto: no GPU visible: one job at a time, with every CPU"
+    holds = [max(1, int(mib / 1024 // per_job)) for mib in free]
+    each = [min(fixed, most) if fixed else most for most in holds]
+    workers = max(len(free), min(sum(each), cpus))
+    how = f"jobs_per_gpu={fixed}, {per_job:g} GiB of free memory a job"
+    return workers, (
+        f"n_jobs=auto: {len(free)} GPU(s) with {', '.join(f'{m / 1024:.0f}' for m in free)} GiB "
+        f"free, {how}, {cpus} CPUs: {workers} jobs at once"
+    )
+
+
+@functools.cache
+def gpu_free_mib() -> list[int]:
+    """Free memory (MiB) of each GPU this process may use (``CUDA_VISIBLE_DEVICES`` by index or
+    UUID), as ``nvidia-smi`` reports it: the driver's tool, so that CUDA does not start in a sweep
+    that forks its workers later; [] where there is no GPU or no driver."""
+    import subprocess
+
+    query = ["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return free_of_visible(out, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def free_of_visible(nvidia_smi_csv: str, visible: str | None) -> list[int]:
+    """The free MiB of the GPUs ``visible`` names (None: all), in its order, from nvidia-smi's
+    ``index,uuid,memory.free`` rows."""
+    rows = {}
+    for line in nvidia_smi_csv.strip().splitlines():
+        index, uuid, free = (field.strip() for field in line.split(","))
+        rows[index] = rows[uuid] = int(float(free))
+    if visible is None:
+        return [rows[i] for i in dict.fromkeys(k for k in rows if k.isdigit())]
+    names = [name.strip() for name in visible.split(",") if name.strip()]
+    return [rows[name] for name in names if name in rows]
 
 
 def torch_threads(trainer: TrainerCore) -> int:
