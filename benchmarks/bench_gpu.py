@@ -216,7 +216,7 @@ def run_one_phase(phase: str, args, state: dict, models: dict, data: dict) -> No
         said = (f"{dtype}, batches of {shape[0]} x {shape[1]}, {args.a3_seconds:g} s at once, "
                 "the CPU's threads shared among them.")  # fmt: skip
         step_phase("A3", "concurrent", spec, said, args, state)
-    elif phase == "grid" and args.grid_workers > 0:
+    elif phase == "grid" and args.grid_workers != 0:
         grid_phase(args, state, models["minilm"], data)
     elif phase == "profile" and args.profile_steps > 0:
         table_phase(args, state, models, data, kind="profile")
@@ -253,7 +253,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--grid-freeze", default=freeze, help="the grid's strategies (the study's)")
     add("--grid-data", default=data, help="the grid's datasets (the study's)")
     add("--grid-train-sentences", type=int, default=2000)
-    add("--grid-workers", type=int, default=5, help="ablate's workers (0: no grid)")
+    add("--grid-workers", type=int, default=-1,
+        help="ablate's workers (-1: its default, n_jobs=auto; 0: no grid)")  # fmt: skip
     add("--grid-plain", default="best_plain", choices=("plain", "plain_bf16", "best_plain"),
         help="the plain recipe the grid runs")  # fmt: skip
     add("--profile-freeze", default="none,lora", help="the profile's strategies")

@@ -83,7 +83,9 @@ def finished_runs(uri: str, experiment: str) -> int | str:
 
 def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> None:
     """ablate's sweep of the grid, then plain's jobs one after another."""
-    from ablate.training.resources import usable_cpus, visible_gpus
+    from omegaconf import OmegaConf
+
+    from ablate.training.resources import plan_workers, usable_cpus, visible_gpus
 
     work = state["work"]
     freezes, datasets = args.grid_freeze, args.grid_data
@@ -101,10 +103,10 @@ def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> Non
         sweep_data = ["data=ud", f"data.treebank={treebanks}", data[datasets[0]][2]]
     else:
         sweep_data = [f"data={','.join(datasets)}", data[datasets[0]][1]]
-    launcher = []
-    workers = max(1, args.grid_workers)
-    if workers > 1:
-        launcher = ["hydra/launcher=workers", f"hydra.launcher.n_jobs={workers}"]
+    launcher, workers = [f"hydra.launcher.n_jobs={args.grid_workers}"], args.grid_workers
+    if workers < 0:  # ablate's default: its launcher's own plan (n_jobs=auto), as a user runs it
+        launcher = []
+        workers = plan_workers(OmegaConf.load(HERE.parent / "conf/hydra/launcher/workers.yaml"))[0]
     cmd = [sys.executable, "-m", "ablate.train", "--multirun", f"freeze={','.join(freezes)}",
            *sweep_data, *common, f"tracking.uri={uri}", f"tracking.experiment={experiment}",
            f"data.tokenized_cache_dir={work / 'grid-tokenized'}",
