@@ -140,16 +140,23 @@ PARTIAL = "partial-archive"
 def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
     """Each run of ``study``'s partial archive against its published row (``runs.csv``: the same
     strategy and seed): run name, the archived and published dev and test scores, and whether
-    both are equal to the last digit."""
+    both are equal to the last digit. Of a strategy's runs, those with its latest run's settings,
+    as the report takes them (a strategy redone at a new lr supersedes its earlier runs)."""
     from ablate.archive import read
     from ablate.report.load import scores
+    from ablate.tracking.params import settings
 
     published = {(r["freeze"], r["seed"]): r for r in _csv(study, "runs.csv")}
     out = []
     held = read(_dir(study) / PARTIAL)
     role = {entry["run_id"]: entry["role"] for entry in held.index["runs"]}
-    for run in held.runs:  # not its sweeps' parents, nor the lr-study trials beside
-        if role[run.run_id] != "run" or run.info.get("status") != "FINISHED":
+    done = sorted(  # not its sweeps' parents, nor the lr-study trials beside
+        (r for r in held.runs if role[r.run_id] == "run" and r.info.get("status") == "FINISHED"),
+        key=lambda r: r.info.get("start_time") or 0,
+    )
+    latest = {r.params.get("freeze.name"): settings(r.params) for r in done}
+    for run in done:
+        if settings(run.params) != latest[run.params.get("freeze.name")]:
             continue
         last: dict[str, tuple[int, float]] = {}
         for key, step, _, value in run.metrics:  # a key's value at its last step, as MLflow's
@@ -211,9 +218,17 @@ def _reruns_said(study: str) -> str:
             )
     for freeze in sorted({r["freeze"] for r in found} - {r["freeze"] for r in same}):
         rows = [r for r in found if r["freeze"] == freeze]
+        seeds = ", ".join(sorted(r["seed"] for r in rows))
+        if rows[0]["published_lr"] is None:  # a strategy the published study did not have
+            said += (
+                f" New so far: `{freeze}` at lr {rows[0]['lr']:.3g}, seeds {seeds}, archived in "
+                f"{where}: dev {_mean_pct(rows, 'dev')} %, test {_mean_pct(rows, 'test')} %, "
+                "means over those seeds."
+            )
+            continue
         said += (
             f" Redone so far: `{freeze}` at lr {rows[0]['lr']:.3g} (published at "
-            f"{rows[0]['published_lr']:.3g}), seeds {', '.join(sorted(r['seed'] for r in rows))}, "
+            f"{rows[0]['published_lr']:.3g}), seeds {seeds}, "
             f"archived in {where}: dev {_mean_pct(rows, 'dev')} % (published "
             f"{_mean_pct(rows, 'published_dev')}), test {_mean_pct(rows, 'test')} % (published "
             f"{_mean_pct(rows, 'published_test')}), means over those seeds."
