@@ -104,3 +104,27 @@ def test_a_rerun_that_differs_from_its_published_row_is_named(tmp_path):
     said = docs.results.results_source(str(study))
     assert "these differ from their published scores: none s1: dev 0.979" in said
     assert "(published 0.5)" in said and "first2 s1" not in said.split("differ")[1]
+
+
+def test_the_lr_studies_table_counts_each_archived_studys_trials_and_its_best():
+    from ablate.archive import read
+
+    for study in ("naija-fair",):
+        held = read(project_root() / "docs" / "results" / study / docs.results.PARTIAL)
+        trials = {e["run_id"] for e in held.index["runs"] if e["role"] == "trial"}
+        runs = [r for r in held.runs if r.run_id in trials]
+        table = docs.results.lr_studies(study)
+        for option in {r.params["freeze.name"] for r in runs}:
+            mine = [r for r in runs if r.params["freeze.name"] == option]
+            cut = sum(r.tags.get("ablate.pruned") == "true" for r in mine)
+            row = next(line for line in table.splitlines() if line.startswith(f"| `{option}` |"))
+            assert row.startswith(f"| `{option}` | {len(mine)} | {cut} | "), row
+            finished = sorted(  # of equal scores, the earliest trial's
+                (r for r in mine if r.info["status"] == "FINISHED"),
+                key=lambda r: r.info["start_time"],
+            )
+            top = max(
+                finished,
+                key=lambda r: max(v for k, *_, v in r.metrics if k.startswith("best_dev_")),
+            )
+            assert f"| {float(top.params['trainer.lr']):.3g} |" in row, row

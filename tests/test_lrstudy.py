@@ -4,6 +4,7 @@ workers without doubling a trial, pruned from the per-epoch dev metric, widening
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from mlflow import MlflowClient
 from omegaconf import open_dict
 
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_TAG
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, RANGE_TAG, TRIAL_TAG
 from ablate.lrstudy import cli as study_cli
 from ablate.lrstudy import storage as lrstorage
 from ablate.lrstudy import study as lrstudy
@@ -133,6 +134,8 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(slice_root, store, tmp
     assert pruned.info.status == "KILLED" and pruned.data.tags[PRUNED_TAG] == "true"
     assert pruned.data.tags[PRUNED_EPOCH_TAG] == "1"
     assert "best_dev_accuracy" in pruned.data.metrics  # it ended as a run does, then KILLED
+    # each trial's run names the range its lr was drawn from
+    assert {json.loads(r.data.tags[RANGE_TAG]) == [1e-7, 1e-2] for r in runs.values()} == {True}
     assert ": 3 trials, 1 pruned, 1 of 6 epochs saved" in said.err
     row = next(line for line in said.out.splitlines() if "| bitfit |" in line)
     assert "| 2 | 1 | 1 |" in row and pruned.info.run_id not in row

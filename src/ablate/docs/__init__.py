@@ -164,6 +164,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "results-provenance": results.results_provenance,
     "results-source": results.results_source,
     "lr-pruning": results.lr_pruning,
+    "lr-studies": results.lr_studies,
 }
 
 

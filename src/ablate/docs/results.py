@@ -288,6 +288,60 @@ def lr_pruning(study: str) -> str:
     return pruning({p.name: read(p) for p in found})
 
 
+def _best_dev(run) -> float:
+    return max(v for key, *_, v in run.metrics if key.startswith("best_dev_"))
+
+
+def lr_studies(study: str) -> str:
+    """Per lr study in ``study``'s archive (``archive/``, else ``partial-archive/``): its trials
+    and those pruned, the range they searched (each trial's, as it was drawn; the study widens
+    between trials), its best lr and where it lies in that range, and the lr its strategy's
+    runs trained at."""
+    import json
+
+    from ablate.archive import read
+    from ablate.lrstudy import PRUNED_TAG, RANGE_TAG
+    from ablate.lrstudy.study import interior, position
+    from ablate.tracking.params import settings
+
+    folder = next((_dir(study) / n for n in (ARCHIVE, PARTIAL) if (_dir(study) / n).is_dir()), None)
+    if folder is None:
+        raise NoResults(f"_No archive yet beside `docs/results/{study}/`._")
+    held = read(folder)
+    role = {entry["run_id"]: entry["role"] for entry in held.index["runs"]}
+    by_start = sorted(held.runs, key=lambda r: r.info.get("start_time") or 0)
+    trials: dict[str, list] = {}
+    trained: dict[str, set[float]] = {}
+    latest = {r.params.get("freeze.name"): settings(r.params) for r in by_start}
+    for run in by_start:
+        option = run.params.get("freeze.name", "?")
+        if role[run.run_id] == "trial":
+            trials.setdefault(option, []).append(run)
+        elif role[run.run_id] == "run" and settings(run.params) == latest[option]:
+            trained.setdefault(option, set()).add(float(run.params["trainer.lr"]))
+    rows = []
+    for option, runs in sorted(trials.items()):
+        cut = [r for r in runs if r.tags.get(PRUNED_TAG) == "true"]
+        done = [r for r in runs if r.info.get("status") == "FINISHED" and r not in cut]
+        value = {r.run_id: _best_dev(r) for r in done}
+        # of equal values the earliest, as the study's own pick
+        best = max(done, key=lambda r: value[r.run_id], default=None)
+        spans = [json.loads(r.tags[RANGE_TAG]) for r in runs if RANGE_TAG in r.tags]
+        span = [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else None
+        lr = float(best.params["trainer.lr"]) if best else None
+        rows.append([
+            f"`{option}`", str(len(runs)), str(len(cut)),
+            f"[{span[0]:g}, {span[1]:g}]" if span else "not recorded",
+            f"{lr:.3g}" if lr else "-", f"{value[best.run_id]:.4f}" if best else "-",
+            f"{position(lr, span):.2f}" if lr and span else "-",
+            ("yes" if interior(lr, span) else "**no**") if lr and span else "-",
+            ", ".join(f"{x:.3g}" for x in sorted(trained.get(option, ()))) or "not yet",
+        ])  # fmt: skip
+    columns = ["strategy", "trials", "pruned", "searched", "best lr", "best dev", "where"]
+    columns += ["interior", "runs trained at"]
+    return markdown_table(rows, columns, right=["trials", "pruned", "best dev", "where"])
+
+
 def regenerate(folder: Path) -> None:
     """Rebuild the report in ``folder`` (summary.md, summary.csv, runs.csv, charts) from the
     archive beside it (``folder/archive``): imported into a temporary store and reported with the

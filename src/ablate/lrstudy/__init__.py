@@ -12,6 +12,8 @@ TRIAL_ENV = "ABLATE_LR_TRIAL"  # a trial's process: JSON of storage, study, tria
 TRIAL_TAG = "lr_trial"  # MLflow tag of a trial's run: "<optuna study>:<trial number>"
 PRUNED_TAG = "ablate.pruned"  # "true" on a pruned trial's run (ended KILLED, not a candidate)
 PRUNED_EPOCH_TAG = "ablate.pruned_epoch"  # the last epoch it trained
+# the [low, high] lr range (JSON) the trial's lr was drawn from: the study's, widened or not
+RANGE_TAG = "ablate.lr_range"
 
 
 def pruner(study: LrStudyConfig):

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
 
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, TRIAL_ENV, TRIAL_TAG, pruner
+from ablate.lrstudy import (
+    PRUNED_EPOCH_TAG,
+    PRUNED_TAG,
+    RANGE_TAG,
+    TRIAL_ENV,
+    TRIAL_TAG,
+    pruner,
+)
 from ablate.training.callbacks import epoch_of
 from ablate.training.recorder import Recorder
 
@@ -39,7 +46,9 @@ def callbacks(lr_study: LrStudyConfig, record: Recorder, primary: str) -> list[T
 
     storage = open_storage(trial["storage"])
     study = optuna.load_study(study_name=trial["study"], storage=storage, pruner=pruner(lr_study))
-    record.tags({TRIAL_TAG: f"{trial['study']}:{trial['number']}"})  # how the study finds it
+    # how the study finds it, and the range its lr came from (the study widens between trials)
+    searched = json.dumps(study.user_attrs.get("range"))
+    record.tags({TRIAL_TAG: f"{trial['study']}:{trial['number']}", RANGE_TAG: searched})
     return [ReportToStudy(optuna.Trial(study, trial["trial_id"]), record, primary)]
 
 

@@ -258,10 +258,16 @@ def _fail_dead(study: optuna.Study) -> None:
         retry(study, storage.get_trial(t._trial_id))
 
 
-def _where(lr: float, span: list[float]) -> float:
+def position(lr: float, span: list[float]) -> float:
     """Position of ``lr`` in ``span`` on a log scale: 0 at low, 1 at high."""
     low, high = (math.log10(x) for x in span)
     return (math.log10(lr) - low) / (high - low)
+
+
+def interior(lr: float, span: list[float]) -> bool:
+    """Whether ``lr`` lies inside ``span``'s outer tenths (log scale): a best lr there needs no
+    wider search."""
+    return 0.1 <= position(lr, span) <= 0.9
 
 
 def _widen(study: optuna.Study, lr_study: LrStudyConfig) -> bool:
@@ -273,8 +279,8 @@ def _widen(study: optuna.Study, lr_study: LrStudyConfig) -> bool:
     except ValueError:  # no trial finished (all pruned)
         return False
     span, widened = study.user_attrs["range"], study.user_attrs.get("widened", 0)
-    where = _where(best.params["lr"], span)
-    if 0.1 <= where <= 0.9 or widened >= lr_study.widen:
+    where = position(best.params["lr"], span)
+    if interior(best.params["lr"], span) or widened >= lr_study.widen:
         return False
     wider = [span[0], span[1] * 10] if where > 0.9 else [span[0] / 10, span[1]]
     log.info(
@@ -314,10 +320,9 @@ def edge_note(s: Summary, freeze: str) -> str | None:
     """A plain warning when the study's best lr is not interior to its final range."""
     if s.best_lr is None:
         return None
-    where = _where(s.best_lr, list(s.range))
-    if 0.1 <= where <= 0.9:
+    if interior(s.best_lr, list(s.range)):
         return None
-    side = "top" if where > 0.9 else "bottom"
+    side = "top" if position(s.best_lr, list(s.range)) > 0.9 else "bottom"
     return (
         f"warning: freeze={freeze}: the best lr {s.best_lr:.3g} lies in the {side} tenth of the "
         f"searched range [{s.range[0]:g}, {s.range[1]:g}] (log scale), after {s.widened} "
