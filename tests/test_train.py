@@ -11,10 +11,12 @@ from helpers.runs import compose_cfg, run_cli, slice_overrides
 from helpers.store import logged_runs, run_info, sweep_parents
 from mlflow.tracking import MlflowClient
 
+from ablate import workers
 from ablate.config import project_root
 from ablate.data.files import sha256_of
 from ablate.tasks.pos import UPOS, read_conllu
 from ablate.tracking.params import selected
+from ablate.training.resources import usable_cpus
 
 
 def runs_of(store: str, experiment: str = "ablate"):
@@ -175,6 +177,11 @@ def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tm
         "3",
     ]
     assert not runs_of(store, "Default")[1]  # nothing strayed into the default experiment
+    # ablate's launcher, by default: on a CPU one job at a time in the sweep, with every CPU
+    assert "n_jobs=auto: no GPU visible: one job at a time" in proc.stdout + proc.stderr
+    assert workers.preloaded(tmp_path / "sweep") == []  # no worker started
+    threads = {run_info(store, r.info.run_id)["environment"]["torch_threads"] for r in runs}
+    assert threads == {usable_cpus()}
     trainable = {r.data.params["freeze.name"]: r.data.metrics["trainable_params"] for r in runs}
     assert trainable["all"] < trainable["alt"] < trainable["first2"] < trainable["none"]
     # the sweep: one parent run, FINISHED, holding the report over its four children
