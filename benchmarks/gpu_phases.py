@@ -104,7 +104,7 @@ def grid_phase(args, state: dict, model: str, data: dict[str, list[str]]) -> Non
     else:
         sweep_data = [f"data={','.join(datasets)}", data[datasets[0]][1]]
     launcher, workers = [f"hydra.launcher.n_jobs={args.grid_workers}"], args.grid_workers
-    if workers < 0:  # ablate's default: its launcher's own plan (n_jobs=auto), as a user runs it
+    if workers == -1:  # ablate's default: its launcher's own plan (n_jobs=auto), as a user runs it
         launcher = []
         workers = plan_workers(OmegaConf.load(HERE.parent / "conf/hydra/launcher/workers.yaml"))[0]
     cmd = [sys.executable, "-m", "ablate.train", "--multirun", f"freeze={','.join(freezes)}",

@@ -29,6 +29,8 @@ def test_auto_runs_one_job_on_a_cpu_and_several_per_gpu_within_memory_and_cpus()
     assert plan_workers(_launcher(), cpus=16, free_mib=[5 * GIB])[0] == 1  # at least one
     assert plan_workers(_launcher(), cpus=6, free_mib=[80 * GIB] * 2)[0] == 6  # one CPU a job
     assert plan_workers(_launcher(), cpus=1, free_mib=[80 * GIB] * 2)[0] == 2  # one per GPU
+    # GPUs taken in turn: each runs as many as the one with the least free memory holds
+    assert plan_workers(_launcher(), cpus=16, free_mib=[80 * GIB, 15 * GIB])[0] == 2
     unbounded = _launcher(jobs_per_gpu=None, gpu_memory_per_job_gib=20)
     workers_, why = plan_workers(unbounded, cpus=16, free_mib=[139 * GIB])
     assert workers_ == 6 and "139 GiB free" in why and "6 jobs at once" in why
@@ -56,6 +58,10 @@ def test_the_gpus_free_memory_is_read_for_the_visible_ones_by_index_or_uuid():
     assert free_of_visible(smi, "2,0") == [1000, 81000]  # CUDA's order: the variable's
     assert free_of_visible(smi, "GPU-bb") == [40000]
     assert free_of_visible(smi, "") == []  # none visible: a CPU run
+    assert free_of_visible(smi, "GPU-b") == [40000]  # a UUID's unique prefix, as CUDA takes it
+    assert free_of_visible(smi, "GPU-") == []  # not unique: none
+    unreadable = "0, GPU-aa, [N/A]\n1, GPU-bb, 40000\nWarning: something\n"
+    assert free_of_visible(unreadable, None) == [40000]  # what it cannot read is left out
 
 
 def test_a_launcher_key_out_of_range_on_the_command_line_stops_the_sweep_before_any_job(

@@ -61,6 +61,9 @@ def test_killed_run_is_marked_killed_and_resumes_into_the_same_run(tmp_path):
     assert run.info.status == "RUNNING"  # what a SIGKILL leaves behind
     done = [m.step for m in client.get_metric_history(run.info.run_id, "dev_accuracy")]
     assert done and max(done) < 3
+    # every callback's record of the checkpointed epoch's evaluation was sent before its checkpoint
+    timed = [m.step for m in client.get_metric_history(run.info.run_id, "dev_eval_time_s")]
+    assert 1 in done and 1 in timed
 
     exp_id = prepare(store, "ablate", stale_after_min=30)  # the next start
     run = client.get_run(run.info.run_id)

@@ -128,3 +128,20 @@ def test_the_launch_hands_each_job_the_config_the_sweeper_composed_to_check_it()
         assert taken[("freeze=all", "seed=3")] == checked and checked.seed == 3
         # it travels to a worker with the launcher's context (cloudpickle, as the launch sends)
         assert pickle.loads(cloudpickle.dumps(kept)).get_search_path() is not None
+
+
+def test_a_journal_line_cut_short_by_a_kill_is_dropped_and_the_journal_goes_on(store, tmp_path):
+    client = MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("cut")).info.run_id
+    journal = Journal(tmp_path / "journal", store, run_id, gather=True)
+    journal.metrics({"dev_accuracy": 0.5}, 1)
+    lines = tmp_path / "journal" / "journal.jsonl"
+    with lines.open("a") as f:  # what a SIGKILL mid-write leaves: half a record, no newline
+        f.write('{"op":"metrics","data":{"dev_acc')
+    again = Journal(tmp_path / "journal", store, run_id, gather=True)  # the resumed job's
+    assert again.pending == 1  # the whole record before it is kept, unsent
+    again.metrics({"dev_accuracy": 0.75}, 2)
+    again.flush()
+    history = client.get_metric_history(run_id, "dev_accuracy")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 0.75)]
+    assert all(line.endswith("}") for line in lines.read_text().splitlines())

@@ -69,8 +69,12 @@ class Journal:
         if not self._lines.exists():
             self._append({"op": "run", "uri": uri, "run_id": run_id})
             self._mark_sent(1)
-        with self._lines.open() as f:
-            entries = [json.loads(line) for line in f if line.strip()]
+        raw = self._lines.read_bytes()
+        whole = raw[: raw.rfind(b"\n") + 1]  # a line cut short by a kill mid-write: dropped
+        if len(whole) != len(raw):
+            with self._lines.open("r+b") as f:
+                f.truncate(len(whole))
+        entries = [json.loads(line) for line in whole.decode().splitlines() if line.strip()]
         self._count = len(entries)
         self._sent = int(self._sent_file.read_text() or 0)
         self._pending = entries[self._sent :]  # in memory: the file is only appended to

@@ -300,7 +300,7 @@ def _end_keeping(run: Run, status: str, wait_min: float) -> None:
     the journal kept, and the run's own error goes on."""
     try:
         run.end(status, wait_min)
-    except AblateError as exc:
+    except (AblateError, MlflowException) as exc:  # a store that refuses a record, too
         log.error("%s", exc)
 
 

@@ -71,9 +71,6 @@ class EpochLogger(TrainerCallback):
             {f"dev_{k}": metrics[f"eval_{k}"] for k in self.also if f"eval_{k}" in metrics}
         )
         self.record.metrics(logged, step=epoch_of(state))
-        # sent now, before the epoch's checkpoint is saved: a run killed after that checkpoint
-        # shows the epochs it resumes after
-        self.record.heartbeat()
         loss = "" if self._loss is None else f", train loss {self._loss:.4f}"
         epochs = round(args.num_train_epochs)
         log.info(
@@ -85,6 +82,18 @@ class EpochLogger(TrainerCallback):
             loss,
             self._seconds,
         )
+
+
+class SendEvaluated(TrainerCallback):
+    """Sends what an epoch's evaluation recorded, every callback's (so the Trainer's last
+    callback), before the epoch's checkpoint is saved: a run killed after that checkpoint shows
+    in the store every epoch it resumes after."""
+
+    def __init__(self, record: Recorder):
+        self.record = record
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.record.heartbeat()
 
 
 def dev_history(state, primary: str) -> list[float]:

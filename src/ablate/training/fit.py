@@ -19,11 +19,11 @@ from ablate.tasks import Task
 from ablate.tasks.metrics import Evaluation, argmax_logits
 from ablate.training import checkpoints, keep
 from ablate.training.arguments import training_arguments
-from ablate.training.callbacks import EpochLogger, dev_history
+from ablate.training.callbacks import EpochLogger, SendEvaluated, dev_history
 from ablate.training.meter import CountingCollator, SpeedMeter
 from ablate.training.prepare import Prepared
 from ablate.training.recorder import Recorder
-from ablate.training.resources import peak_rss_mb
+from ablate.training.resources import launcher_workers, peak_rss_mb
 from ablate.training.trainer import CoreTrainer, trainer_class
 
 if TYPE_CHECKING:
@@ -110,7 +110,15 @@ def record_inputs(data: DataCore, prep: Prepared, record: Recorder) -> dict[str,
             "tokenized_cache": prep.encoded.cache,
         },
     )
-    record.info("environment", {"torch_threads": prep.threads, "omp_wait_policy": prep.wait_policy})
+    # jobs_at_once: the sweep's jobs running beside this one (on a GPU they share it by default)
+    record.info(
+        "environment",
+        {
+            "torch_threads": prep.threads,
+            "omp_wait_policy": prep.wait_policy,
+            "jobs_at_once": launcher_workers(),
+        },
+    )
     stats = prep.encoded.stats  # only what happened: a zero count is no news
     record.metrics({f"{s}_{k}": v for s, c in stats.items() for k, v in c.items() if v})
     counts = {f"{s}_sentences": len(sents) for s, sents in prep.sentences.items()}
@@ -190,6 +198,7 @@ def build_trainer(
         trainer.add_callback(EarlyStoppingCallback(cfg.trainer.early_stopping_patience))
     # Without a terminal the Trainer prints each log dict (3 a epoch); EpochLogger logs one line.
     trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(SendEvaluated(record))  # last: after every callback's evaluation records
     return trainer, status
 
 

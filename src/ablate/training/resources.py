@@ -42,10 +42,10 @@ PLANNED = "ABLATE_LAUNCHER_WORKERS"
 def launcher_workers() -> int:
     """How many jobs a parallel launcher runs at once on this machine (1 outside one): the
     sweep's plan where it made one (``plan_workers``), else the launcher's ``n_jobs``."""
-    if os.environ.get(PLANNED, "").isdigit():
-        return int(os.environ[PLANNED])
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return 1
+    if os.environ.get(PLANNED, "").isdigit():
+        return int(os.environ[PLANNED])
     return plan_workers(OmegaConf.select(HydraConfig.get(), "launcher", default={}) or {})[0]
 
 
@@ -56,7 +56,9 @@ def plan_workers(launcher, cpus: int | None = None, free_mib: list[int] | None =
     (ablate's launcher's default): with GPUs, several jobs on each (``jobs_per_gpu``, at most as
     many as its free memory holds at ``gpu_memory_per_job_gib`` each), at most one per CPU; without,
     one job at a time with every CPU, so that its times are its own. ``cpus`` and ``free_mib``
-    (each visible GPU's free memory) default to this machine's."""
+    (each visible GPU's free memory) default to this machine's. Workers take the GPUs in turn, so
+    each GPU runs as many as the GPU with the least free memory holds; with fewer CPUs than
+    GPUs, one worker per GPU all the same."""
     from ablate.errors import AblateError
 
     cpus = usable_cpus() if cpus is None else cpus
@@ -79,9 +81,10 @@ def plan_workers(launcher, cpus: int | None = None, free_mib: list[int] | None =
     free = gpu_free_mib() if free_mib is None else free_mib
     if not free:
         return 1, "n_jobs=auto: no GPU visible: one job at a time, with every CPU"
-    holds = [max(1, int(mib / 1024 // per_job)) for mib in free]
-    each = [min(fixed, most) if fixed else most for most in holds]
-    workers = max(len(free), min(sum(each), cpus))
+    # workers take GPUs in turn (assign_gpu), so each GPU gets as many as the smallest holds
+    holds = min(max(1, int(mib / 1024 // per_job)) for mib in free)
+    each = min(fixed, holds) if fixed else holds
+    workers = len(free) * max(1, min(each, cpus // len(free)))
     how = f"jobs_per_gpu={fixed}, {per_job:g} GiB of free memory a job"
     return workers, (
         f"n_jobs=auto: {len(free)} GPU(s) with {', '.join(f'{m / 1024:.0f}' for m in free)} GiB "
@@ -107,14 +110,27 @@ def gpu_free_mib() -> list[int]:
 def free_of_visible(nvidia_smi_csv: str, visible: str | None) -> list[int]:
     """The free MiB of the GPUs ``visible`` names (None: all), in its order, from nvidia-smi's
     ``index,uuid,memory.free`` rows."""
-    rows = {}
+    rows: dict[str, int] = {}
     for line in nvidia_smi_csv.strip().splitlines():
-        index, uuid, free = (field.strip() for field in line.split(","))
-        rows[index] = rows[uuid] = int(float(free))
+        fields = [field.strip() for field in line.split(",")]
+        try:  # a GPU whose memory it cannot read ([N/A], no permission) is left out
+            index, uuid, free = fields
+            rows[index] = rows[uuid] = int(float(free))
+        except ValueError:
+            continue
     if visible is None:
-        return [rows[i] for i in dict.fromkeys(k for k in rows if k.isdigit())]
-    names = [name.strip() for name in visible.split(",") if name.strip()]
-    return [rows[name] for name in names if name in rows]
+        return [rows[i] for i in rows if i.isdigit()]
+    found = []
+    for name in (n.strip() for n in visible.split(",") if n.strip()):
+        # CUDA takes a UUID's unique prefix too (GPU-8932f9)
+        match = [
+            v
+            for k, v in rows.items()
+            if k == name or (name.startswith("GPU-") and k.startswith(name))
+        ]
+        if len(match) == 1:
+            found += match
+    return found
 
 
 def torch_threads(trainer: TrainerCore) -> int:
