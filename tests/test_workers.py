@@ -1,6 +1,7 @@
 """ablate's launcher (``hydra/launcher=workers``): the sweep imports the training stack once and
-forks its workers from itself; every job runs in one of them, and a worker that dies ends the
-sweep and its other jobs (real tiny sweeps)."""
+forks its workers from itself; every job runs in one of them, with the numbers of a job run in
+the sweep's own process, and a worker that dies ends the sweep and its other jobs (real tiny
+sweeps)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,18 @@ import time
 import pytest
 from helpers.data import ROOT, naija_slice
 from helpers.runs import run_cli, slice_overrides
-from helpers.store import logged_runs, sweep_parents
+from helpers.store import logged, logged_runs, sweep_parents
 from omegaconf import OmegaConf
 
 from ablate import workers
 
 
-def test_a_sweeps_jobs_run_in_workers_forked_from_the_preloaded_sweep(slice_root, store, tmp_path):
+def test_a_sweeps_jobs_run_in_workers_forked_from_the_preloaded_sweep(
+    slice_root, store, tmp_path, report_grid
+):
     proc = run_cli(
-        "--multirun", "hydra/launcher=workers", "hydra.launcher.n_jobs=2", "freeze=none,all,first2",
-        *slice_overrides(slice_root, store, tmp_path),
+        "--multirun", "hydra/launcher=workers", "hydra.launcher.n_jobs=2", "freeze=none,all",
+        "seed=1,2", *slice_overrides(slice_root, store, tmp_path),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = workers.preloaded(tmp_path / "sweep")
@@ -34,10 +37,33 @@ def test_a_sweeps_jobs_run_in_workers_forked_from_the_preloaded_sweep(slice_root
         assert set(workers.PRELOAD) <= set(record["loaded"])
         assert record["wait_policy"]  # set before torch loaded, as a job sets it
     # every job of the sweep ran in one of them, each job once
-    assert sorted(job for r in records for job in r["jobs"]) == [0, 1, 2]
+    assert sorted(job for r in records for job in r["jobs"]) == [0, 1, 2, 3]
     runs = logged_runs(store)
-    assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
-    assert {r.data.params["freeze.name"] for r in runs} == {"none", "all", "first2"}
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    # a job's OpenMP wait policy is the sweep's, set before it loaded torch
+    info = logged(store, runs[0].info.run_id, tmp_path / "info", "run.json")
+    assert info["environment"]["omp_wait_policy"] == records[0]["wait_policy"]
+
+    # the same numbers as the report grid's runs, the same jobs run one after another in its
+    # sweep's own process (all but the times and what the machine did meanwhile)
+    def scores(found):
+        machine = ("_s", "load_per_cpu", "peak_rss_mb")
+        return {
+            (r.data.params["freeze.name"], r.data.params["seed"]): {
+                k: v
+                for k, v in r.data.metrics.items()
+                if not k.endswith(machine) and not k.startswith("system/")
+            }
+            for r in found
+            if r.info.status == "FINISHED"
+        }
+
+    same = scores(runs)
+    assert same == scores(report_grid.runs) and len(same) == 4
+    assert all(
+        {"train_loss", "dev_accuracy", "test_accuracy", "train_flops"} <= set(m)
+        for m in same.values()
+    )
     (parent,) = sweep_parents(store)
     assert parent.info.status == "FINISHED"
     assert "report/accuracy.png" in {a.path for a in _artifacts(store, parent.info.run_id)}
