@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -83,6 +84,9 @@ def test_a_new_sqlite_store_is_made_by_a_process_of_its_own_while_the_sweep_impo
     with schema_lock(store):
         made = MlflowClient(store).get_experiment_by_name("early")
     assert made is not None and EXPERIMENT_KIND in made.tags
+    # made without a disk sync per migration: a whole database all the same
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert workers.new_store(tracking) is None  # there now: nothing to make
     assert (
         workers.new_store(OmegaConf.create({"uri": "http://127.0.0.1:9", "experiment": "x"}))
