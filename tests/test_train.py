@@ -180,6 +180,8 @@ def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tm
     # ablate's launcher, by default: on a CPU one job at a time in the sweep, with every CPU
     assert "n_jobs=auto: no GPU visible: one job at a time" in proc.stdout + proc.stderr
     assert workers.preloaded(tmp_path / "sweep") == []  # no worker started
+    last_log = next((tmp_path / "sweep" / "3").glob("*.log")).read_text()
+    assert "epoch 1/1" in last_log and "Sweep FINISHED" not in last_log  # the sweep's own lines
     environments = [run_info(store, r.info.run_id)["environment"] for r in runs]
     assert {(e["torch_threads"], e["jobs_at_once"]) for e in environments} == {(usable_cpus(), 1)}
     trainable = {r.data.params["freeze.name"]: r.data.metrics["trainable_params"] for r in runs}

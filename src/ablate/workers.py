@@ -85,8 +85,10 @@ def start(config: DictConfig) -> bool:
         return False
     from ablate.training.resources import set_wait_policy
 
+    # before torch loads OpenMP, which the workers inherit, and before the store's process
+    # starts: its sample of how busy the CPUs are must not count our own work
+    policy = set_wait_policy(config.trainer)
     store = new_store(config.tracking)  # made meanwhile, in a process of its own
-    policy = set_wait_policy(config.trainer)  # before torch loads OpenMP, which the workers inherit
     forked = "fork" in multiprocessing.get_all_start_methods()
     t0 = time.perf_counter()
     if forked:
@@ -210,7 +212,11 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list:
         for idx, overrides in enumerate(job_overrides)
     ]
     if _pool is None:
-        return [execute_job(*job) for job in jobs]
+        done = []
+        for job in jobs:  # here, as Hydra's basic launcher: the sweep's logging back after each
+            done.append(execute_job(*job))
+            configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+        return done
     return _run(_pool, jobs, count(config.hydra.launcher) or 1)
 
 
