@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import copy
 import gc
 import importlib
 import json
@@ -266,7 +267,9 @@ def execute_job(
 
     setup_globals()
     Singleton.set_state(singleton_state)
-    sweep_config = composed
+    # a copy: a job makes its config read-only, and jobs run here (or with equal overrides) would
+    # otherwise share the one the sweeper kept
+    sweep_config = copy.deepcopy(composed)
     if sweep_config is None:
         sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
     with open_dict(sweep_config):
