@@ -218,3 +218,13 @@ def test_help_is_as_quick_as_composing_and_loads_no_training_stack():
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stderr
+
+
+def test_help_piped_into_a_reader_that_stops_early_ends_quietly():
+    proc = subprocess.Popen(  # as `--help | head`: the reader gone before the text is written
+        [sys.executable, "-m", "ablate.train", "--help"], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    proc.stdout.close()
+    said = proc.stderr.read()
+    assert proc.wait() == 0 and "Traceback" not in said and "BrokenPipe" not in said, said

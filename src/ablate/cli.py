@@ -4,6 +4,7 @@ line and exit status 2 (``ablate.overrides``), ``--help`` is ablate's own (``abl
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,7 +28,10 @@ def before_hydra(argv: Sequence[str]) -> None:
         if not (args.help or args.hydra_help or args.cfg or args.info):
             check_data(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
         if args.help and not (args.config_dir or args.config_name):
-            print(helptext.render(args.overrides))
+            try:
+                print(helptext.render(args.overrides), flush=True)
+            except BrokenPipeError:  # --help | head: the reader has what it wanted
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(0)
     except AblateError as exc:
         print(f"ablate: error: {exc}", file=sys.stderr)
