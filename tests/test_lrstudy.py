@@ -134,6 +134,13 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(slice_root, store, tmp
     assert pruned.info.status == "KILLED" and pruned.data.tags[PRUNED_TAG] == "true"
     assert pruned.data.tags[PRUNED_EPOCH_TAG] == "1"
     assert "best_dev_accuracy" in pruned.data.metrics  # it ended as a run does, then KILLED
+    # a run tagged for a trial counts as its result only at the lr the trial drew: a new Optuna
+    # storage (an archive imported elsewhere) numbers its trials afresh
+    tagged = runs[3e-3].data.tags[TRIAL_TAG]
+    name, number = tagged.rsplit(":", 1)
+    trial_cfg = study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1])
+    assert lrstudy._run_of(trial_cfg.tracking, name, [int(number)], 3e-3) is not None
+    assert lrstudy._run_of(trial_cfg.tracking, name, [int(number)], 5e-3) is None
     # each trial's run names the range its lr was drawn from
     assert {json.loads(r.data.tags[RANGE_TAG]) == [1e-7, 1e-2] for r in runs.values()} == {True}
     assert ": 3 trials, 1 pruned, 1 of 6 epochs saved" in said.err

@@ -161,7 +161,7 @@ def _trial(
     lr = trial.suggest_float("lr", low, high, log=True)
     frozen = study._storage.get_trial(trial._trial_id)
     tries = [*optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(frozen), trial.number]
-    ended = _run_of(cfg.tracking, study.study_name, tries)
+    ended = _run_of(cfg.tracking, study.study_name, tries, lr)
     if ended is None:
         job = folder / str(tries[0])  # a retry's: the first try's, to resume from its checkpoint
         log.info(
@@ -195,7 +195,7 @@ def _trial(
             f"hydra.run.dir={job}",
         ]
         code = subprocess.run(command, env=env).returncode
-        ended = _run_of(cfg.tracking, study.study_name, [trial.number])
+        ended = _run_of(cfg.tracking, study.study_name, [trial.number], lr)
         if ended is None:
             raise AblateError(
                 f"lr study {study.study_name}: trial {trial.number} (lr {lr:.3g}) failed with exit "
@@ -204,16 +204,19 @@ def _trial(
     return _result(cfg, trial, ended)
 
 
-def _run_of(tracking: TrackingConfig, name: str, numbers: list[int]):
-    """The MLflow run that ended trial ``numbers`` (a trial and its earlier tries): FINISHED, or
-    pruned; None if none did."""
+def _run_of(tracking: TrackingConfig, name: str, numbers: list[int], lr: float):
+    """The MLflow run that ended trial ``numbers`` (a trial and its earlier tries) at ``lr``:
+    FINISHED, or pruned; None if none did. A run tagged for the trial at another lr is not its:
+    the study's Optuna storage is not the one it ran with (an archive imported into a new store,
+    say), and its trial numbers drew other lrs."""
     client = MlflowClient(tracking.uri)
     exp = client.get_experiment_by_name(tracking.experiment)
     if exp is None:
         return None
     for n in numbers:
         for r in client.search_runs([exp.experiment_id], f"tags.{TRIAL_TAG} = '{name}:{n}'"):
-            if r.info.status == "FINISHED" or r.data.tags.get(PRUNED_TAG) == "true":
+            same_lr = math.isclose(float(r.data.params.get("trainer.lr", "nan")), lr, rel_tol=1e-9)
+            if same_lr and (r.info.status == "FINISHED" or r.data.tags.get(PRUNED_TAG) == "true"):
                 return r
     return None
 
