@@ -6,6 +6,7 @@ tests/test_train.py)."""
 from __future__ import annotations
 
 import pytest
+from helpers.data import ROOT
 from helpers.runs import run_cli, slice_overrides
 from helpers.store import logged_runs
 from omegaconf import OmegaConf
@@ -18,8 +19,15 @@ GIB = 1024
 
 
 def _launcher(**keys):
-    return OmegaConf.create({"_target_": workers.LAUNCHER, "n_jobs": "auto", "jobs_per_gpu": 4,
-                             "gpu_memory_per_job_gib": 10, **keys})  # fmt: skip
+    """ablate's launcher as conf/ declares it (auto, 4 jobs a GPU, 10 GiB a job), with ``keys``."""
+    declared = OmegaConf.load(ROOT / "conf" / "hydra" / "launcher" / "workers.yaml")
+    assert declared._target_ == workers.LAUNCHER
+    assert (declared.n_jobs, declared.jobs_per_gpu, declared.gpu_memory_per_job_gib) == (
+        "auto",
+        4,
+        10,
+    )
+    return OmegaConf.merge(declared, keys)
 
 
 def test_auto_runs_one_job_on_a_cpu_and_several_per_gpu_within_memory_and_cpus():

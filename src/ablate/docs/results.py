@@ -144,19 +144,12 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
     as the report takes them (a strategy redone at a new lr supersedes its earlier runs)."""
     from ablate.archive import read
     from ablate.report.load import scores
-    from ablate.tracking.params import settings
 
     published = {(r["freeze"], r["seed"]): r for r in _csv(study, "runs.csv")}
     out = []
     held = read(_dir(study) / PARTIAL)
-    role = {entry["run_id"]: entry["role"] for entry in held.index["runs"]}
-    done = sorted(  # not its sweeps' parents, nor the lr-study trials beside
-        (r for r in held.runs if role[r.run_id] == "run" and r.info.get("status") == "FINISHED"),
-        key=lambda r: r.info.get("start_time") or 0,
-    )
-    latest = {r.params.get("freeze.name"): settings(r.params) for r in done}
-    for run in done:
-        if settings(run.params) != latest[run.params.get("freeze.name")]:
+    for run in _current(held):
+        if run.info.get("status") != "FINISHED":
             continue
         last: dict[str, tuple[int, float]] = {}
         for key, step, _, value in run.metrics:  # a key's value at its last step, as MLflow's
@@ -180,6 +173,21 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _current(held) -> list:
+    """An archive's runs (not its sweeps, nor its lr-study trials) with their strategy's latest
+    settings, by start time, as the report takes them: a strategy redone at a new lr supersedes
+    its earlier runs."""
+    from ablate.tracking.params import settings
+
+    role = {entry["run_id"]: entry["role"] for entry in held.index["runs"]}
+    runs = sorted(
+        (r for r in held.runs if role[r.run_id] == "run"),
+        key=lambda r: r.info.get("start_time") or 0,
+    )
+    latest = {r.params.get("freeze.name"): settings(r.params) for r in runs}
+    return [r for r in runs if settings(r.params) == latest[r.params.get("freeze.name")]]
 
 
 def _mean_pct(rows: list[dict], key: str) -> str:
@@ -302,23 +310,21 @@ def lr_studies(study: str) -> str:
     from ablate.archive import read
     from ablate.lrstudy import PRUNED_TAG, RANGE_TAG
     from ablate.lrstudy.study import interior, position
-    from ablate.tracking.params import settings
 
     folder = next((_dir(study) / n for n in (ARCHIVE, PARTIAL) if (_dir(study) / n).is_dir()), None)
     if folder is None:
         raise NoResults(f"_No archive yet beside `docs/results/{study}/`._")
     held = read(folder)
     role = {entry["run_id"]: entry["role"] for entry in held.index["runs"]}
-    by_start = sorted(held.runs, key=lambda r: r.info.get("start_time") or 0)
     trials: dict[str, list] = {}
-    trained: dict[str, set[float]] = {}
-    latest = {r.params.get("freeze.name"): settings(r.params) for r in by_start}
-    for run in by_start:
-        option = run.params.get("freeze.name", "?")
+    for run in sorted(held.runs, key=lambda r: r.info.get("start_time") or 0):
         if role[run.run_id] == "trial":
-            trials.setdefault(option, []).append(run)
-        elif role[run.run_id] == "run" and settings(run.params) == latest[option]:
-            trained.setdefault(option, set()).add(float(run.params["trainer.lr"]))
+            trials.setdefault(run.params.get("freeze.name", "?"), []).append(run)
+    trained: dict[str, set[float]] = {}
+    for run in _current(held):
+        trained.setdefault(run.params.get("freeze.name"), set()).add(
+            float(run.params["trainer.lr"])
+        )
     rows = []
     for option, runs in sorted(trials.items()):
         cut = [r for r in runs if r.tags.get(PRUNED_TAG) == "true"]

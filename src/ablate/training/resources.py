@@ -62,9 +62,12 @@ def plan_workers(launcher, cpus: int | None = None, free_mib: list[int] | None =
     from ablate.errors import AblateError
 
     cpus = usable_cpus() if cpus is None else cpus
-    n, fixed = launcher.get("n_jobs", 1), launcher.get("jobs_per_gpu")
+    n = launcher.get("n_jobs", 1)
     n = 1 if n is None else n
-    per_job = launcher.get("gpu_memory_per_job_gib", 10)
+    # only ablate's launcher has auto, and the two keys below (conf/hydra/launcher/workers.yaml)
+    fixed, per_job = (
+        launcher[k] if n == "auto" else 1 for k in ("jobs_per_gpu", "gpu_memory_per_job_gib")
+    )
     wrong = {
         "n_jobs": n != "auto" and not (isinstance(n, int) and n != 0),
         "jobs_per_gpu": fixed is not None and not (isinstance(fixed, int) and fixed > 0),

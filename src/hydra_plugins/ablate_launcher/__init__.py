@@ -8,10 +8,8 @@ from hydra.plugins.launcher import Launcher
 class PreloadedLauncher(Launcher):
     """Runs a sweep's jobs in the workers its callback started (``ablate.workers.launch``)."""
 
-    def __init__(
-        self, n_jobs: int | str = "auto", jobs_per_gpu=4, gpu_memory_per_job_gib: float = 10
-    ) -> None:
-        # the plan is ablate.training.resources.plan_workers's, from the config Hydra keeps
+    def __init__(self, n_jobs: int | str, jobs_per_gpu, gpu_memory_per_job_gib: float) -> None:
+        # defaults: conf/hydra/launcher/workers.yaml; the plan is resources.plan_workers's
         self.n_jobs, self.jobs_per_gpu = n_jobs, jobs_per_gpu
         self.gpu_memory_per_job_gib = gpu_memory_per_job_gib
         self.config = self.task_function = self.hydra_context = None
