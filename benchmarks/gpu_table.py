@@ -191,8 +191,9 @@ def grid_table(grid: dict) -> str:
             wall = f"> {wall} (cut at the time budget)"
         lines.append([part["how"], wall, f"{part['finished']} of {part['jobs']}"])
     a, p = grid.get("ablate") or {}, grid.get("plain") or {}
-    if a.get("wall_s") and p.get("wall_s") and not a.get("cut") and not p.get("cut"):
-        lines.append(["ablate / plain", f"{a['wall_s'] / p['wall_s']:.2f}", ""])
+    if a.get("wall_s") and p.get("wall_s") and not a.get("cut"):
+        bound = "< " if p.get("cut") else ""  # plain's whole grid would have taken longer
+        lines.append(["ablate / plain", f"{bound}{a['wall_s'] / p['wall_s']:.2f}", ""])
     text = markdown_table(lines, GRID_COLUMNS, right=GRID_COLUMNS[1:])
     said = timeline_line(a.get("timeline") or {})
     return f"{text}\n\n{said}" if said else text
@@ -357,8 +358,35 @@ def write(args, state: dict) -> str:
     return text
 
 
-if __name__ == "__main__":  # python benchmarks/gpu_table.py RUN.json: its markdown again
-    import sys
+def merge(runs: list[dict]) -> dict:
+    """Several calls' ``bench-gpu.json`` on one warm machine as one run: a measured table row
+    or grid side replaces one a budget cut or skipped; phases, jobs and commands add up."""
+    merged = json.loads(json.dumps(runs[0]))
+    rows = {(r["model"], r["freeze"], r["recipe"]): r for r in merged["table"]}
+    for run in runs[1:]:
+        for row in run["table"]:
+            key = (row["model"], row["freeze"], row["recipe"])
+            if key not in rows or ("why" in rows[key] and "why" not in row):
+                rows[key] = row
+        for side, part in (run.get("grid") or {}).items():
+            had = merged.setdefault("grid", {}).get(side) or {}
+            if part and part.get("finished", 0) >= had.get("finished", 0):
+                merged["grid"][side] = part
+        merged["phases"].update(run["phases"])
+        merged["jobs"] += run["jobs"]
+        merged["profile"] = merged.get("profile") or run.get("profile") or []
+        merged.update({k: v for k, v in run.items() if k not in merged})
+        merged["meta"]["command"] += f"`, then on the same machine `{run['meta']['command']}"
+    merged["table"] = list(rows.values())
+    return merged
 
+
+if __name__ == "__main__":  # python benchmarks/gpu_table.py RUN.json: its markdown again
+    import sys  # --merge OUT.json RUN.json...: one warm machine's calls saved as one run
+
+    if sys.argv[1:2] == ["--merge"]:
+        runs = [json.loads(Path(path).read_text()) for path in sys.argv[3:]]
+        Path(sys.argv[2]).write_text(json.dumps(merge(runs), indent=1, default=str))
+        sys.exit()
     for path in sys.argv[1:]:
         print(render(json.loads(Path(path).read_text())))

@@ -217,7 +217,51 @@ def test_table_reads_the_epochs_after_the_first_and_says_why_a_job_has_none():
     }
     shown = gpu_table.grid_table(grid)
     assert "| p | > 90.0 (cut at the time budget) | 7 of 10 |" in shown
-    assert "ablate / plain" not in shown  # no ratio against a cut run
+    assert "| ablate / plain | \\< 0.56 |" in shown  # a bound: plain's whole grid took longer
+    grid["ablate"]["cut"] = True
+    assert "ablate / plain" not in gpu_table.grid_table(grid)  # no bound from a cut ablate
+
+
+def test_merge_keeps_one_warm_machines_calls_as_one_run_measured_rows_first():
+    row = {"train_s": 2.0, "eval_s": 0.2}
+
+    def run(command, table, grid):
+        return {
+            "meta": {"command": command},
+            "table": table,
+            "grid": grid,
+            "profile": [],
+            "phases": {f"table-{r['recipe']}": {"rc": 0} for r in table},
+            "jobs": [command],
+        }
+
+    first = run(
+        "one",
+        [
+            {"model": "m", "freeze": "none", "recipe": "best_plain", **row},
+            {"model": "m", "freeze": "none", "recipe": "ablate", "why": "skipped"},
+        ],
+        {"ablate": {"finished": 0}, "plain": {"finished": 0}},
+    )
+    second = run(
+        "two",
+        [
+            {"model": "m", "freeze": "none", "recipe": "ablate", **row},
+            {"model": "m", "freeze": "none", "recipe": "best_plain", "why": "cut"},
+        ],
+        {"ablate": {"finished": 10, "wall_s": 60.0}, "plain": {"finished": 9}},
+    )
+    merged = gpu_table.merge([first, second])
+    assert [(r["recipe"], r.get("why")) for r in merged["table"]] == [
+        ("best_plain", None),
+        ("ablate", None),
+    ]  # measured rows kept, in the first call's order
+    assert merged["grid"]["ablate"]["wall_s"] == 60.0 and merged["grid"]["plain"]["finished"] == 9
+    assert (
+        merged["jobs"] == ["one", "two"]
+        and "then on the same machine `two" in merged["meta"]["command"]
+    )
+    assert first["table"][1]["why"] == "skipped"  # the runs merged from are left as they were
 
 
 def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:

@@ -19,12 +19,12 @@ GIB = 1024
 
 
 def _launcher(**keys):
-    """ablate's launcher as conf/ declares it (auto, 4 jobs a GPU, 10 GiB a job), with ``keys``."""
+    """ablate's launcher as conf/ declares it (auto, 8 jobs a GPU, 10 GiB a job), with ``keys``."""
     declared = OmegaConf.load(ROOT / "conf" / "hydra" / "launcher" / "workers.yaml")
     assert declared._target_ == workers.LAUNCHER
     assert (declared.n_jobs, declared.jobs_per_gpu, declared.gpu_memory_per_job_gib) == (
         "auto",
-        4,
+        8,
         10,
     )
     return OmegaConf.merge(declared, keys)
@@ -32,8 +32,9 @@ def _launcher(**keys):
 
 def test_auto_runs_one_job_on_a_cpu_and_several_per_gpu_within_memory_and_cpus():
     assert plan_workers(_launcher(), cpus=16, free_mib=[])[0] == 1  # no GPU: clean times
-    assert plan_workers(_launcher(), cpus=16, free_mib=[139 * GIB])[0] == 4  # jobs_per_gpu
+    assert plan_workers(_launcher(), cpus=16, free_mib=[139 * GIB])[0] == 8  # jobs_per_gpu
     assert plan_workers(_launcher(), cpus=16, free_mib=[25 * GIB])[0] == 2  # memory holds 2
+    assert plan_workers(_launcher(), cpus=16, free_mib=[79 * GIB])[0] == 7  # an H100's
     assert plan_workers(_launcher(), cpus=16, free_mib=[5 * GIB])[0] == 1  # at least one
     assert plan_workers(_launcher(), cpus=6, free_mib=[80 * GIB] * 2)[0] == 6  # one CPU a job
     assert plan_workers(_launcher(), cpus=1, free_mib=[80 * GIB] * 2)[0] == 2  # one per GPU
