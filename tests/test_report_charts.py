@@ -84,3 +84,27 @@ def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(r
     assert "loaded" not in fig._suptitle.get_text()
     calm_rep = report.build(report.Runs(calm_df, runs.history, runs.params, runs.source))
     assert LOADED_MARK not in tables(calm_rep) + report.markdown(calm_rep)
+
+
+def test_times_of_jobs_that_shared_a_gpu_are_marked_as_a_loaded_machines(report_grid):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    assert "jobs_on_gpu" in runs.runs  # a metric the runs of a GPU sweep's workers log
+    df = runs.runs.assign(load_per_cpu=0.5)
+    df["jobs_on_gpu"] = (df.freeze == "all").map({True: 8.0, False: float("nan")})  # CPU: unset
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    times = report.table(rep).set_index("strategy")["train time (s)"]
+    assert times["all"].endswith(" *") and not times["none"].endswith("*")
+    (note,) = [n for n in rep.notes if "loaded machine" in n]
+    assert "up to 8 jobs sharing a GPU" in note and "threads per CPU" not in note
+    assert rep.summary.set_index("strategy").loc["all"].jobs_on_gpu == 8
+
+
+def test_a_gpu_sweeps_workers_say_how_many_jobs_share_each_gpu(monkeypatch):
+    from ablate.training import resources
+
+    monkeypatch.setenv(resources.SHARING, "")  # restored after: share_gpus sets it
+    assert resources.jobs_on_gpu("cpu") == 1 and resources.jobs_on_gpu("cuda") == 1  # no sweep
+    resources.share_gpus(8, 1)
+    assert resources.jobs_on_gpu("cuda:0") == 8 and resources.jobs_on_gpu("cpu") == 1
+    resources.share_gpus(6, 4)  # six workers taking four GPUs in turn: at most two on one
+    assert resources.jobs_on_gpu("cuda") == 2

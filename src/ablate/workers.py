@@ -171,10 +171,11 @@ def _begin(folder: str, record: dict[str, Any]) -> None:
     started with: its parent, the modules it has loaded already)."""
     import sys
 
-    from ablate.training.resources import PLANNED, assign_gpu
+    from ablate.training.resources import PLANNED, assign_gpu, share_gpus, visible_gpus
 
     global _record
     os.environ[PLANNED] = str(record["workers"])  # the sweep's plan, for its jobs' threads
+    share_gpus(record["workers"], len(visible_gpus()))
     mine = Path(folder) / f"{record['token']}-{os.getpid()}.json"
     done = {"pid": os.getpid(), "parent": os.getppid(), "started": time.time(), **record}
     loaded = [name for name in PRELOAD if name in sys.modules]

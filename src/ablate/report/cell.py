@@ -17,10 +17,17 @@ LR_FROM_STUDY = "its lr study"
 LOADED = 1.25
 
 
+def loaded(df: pd.DataFrame) -> pd.Series:
+    """Which runs (or summary rows) were timed beside other work: a machine with more than
+    ``LOADED`` runnable threads per CPU at an epoch's end, or a GPU its sweep shared among
+    several jobs (``jobs_on_gpu``). Not recorded counts as not loaded."""
+    return (df.load_per_cpu > LOADED) | (df.jobs_on_gpu > 1)
+
+
 def unloaded(cell: pd.DataFrame) -> pd.DataFrame:
-    """The runs of ``cell`` whose times count: those not measured on a loaded machine (load not
-    recorded counts as not loaded), or all of them when every one was."""
-    calm = cell[~(cell.load_per_cpu > LOADED)]
+    """The runs of ``cell`` whose times count: those not timed beside other work (``loaded``),
+    or all of them when every one was."""
+    calm = cell[~loaded(cell)]
     return calm if len(calm) else cell
 
 
@@ -63,6 +70,7 @@ def summary_row(
         "peak_rss_mb": cell.peak_rss_mb.mean(),
         "train_flops": cell.train_flops.mean(),
         "load_per_cpu": timed.load_per_cpu.max(),
+        "jobs_on_gpu": timed.jobs_on_gpu.max(),
     }
     if n >= 3:
         _, lo, hi = t_interval(dev)

@@ -15,7 +15,7 @@ import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
 from ablate.report import layout
-from ablate.report.cell import LOADED, unloaded
+from ablate.report.cell import loaded, unloaded
 from ablate.report.summary import Report
 
 
@@ -212,8 +212,9 @@ def train_time(report: Report):
                 jitter=0.12,
                 ax=top,
             )
+            busy = loaded(s)  # as the table marks it
             for i, r in s.iterrows():
-                mark = " *" if r.load_per_cpu > LOADED else ""  # as the table marks it
+                mark = " *" if busy[i] else ""
                 label = (
                     ""
                     if r.strategy == b or math.isnan(r.time_savings_pct)
@@ -230,7 +231,7 @@ def train_time(report: Report):
                         va="bottom",
                         fontsize=7,
                     )
-            marked = marked or bool((s.load_per_cpu > LOADED).any())
+            marked = marked or bool(busy.any())
             layout.baseline_line(
                 top, layout.base_value(s, report, "train_time_s"), f"{b} (baseline)"
             )
@@ -281,12 +282,12 @@ def train_time(report: Report):
             bottom.set(xlabel="freezing strategy", ylabel=f"saving vs {b} (%)")
             layout.strategy_ticks(top, order)
             layout.strategy_ticks(bottom, [t.get_text() for t in bottom.get_xticklabels()])
-        loaded = "; *: timed only on a loaded machine, compare with care" if marked else ""
+        said = "; *: timed only on a loaded machine, compare with care" if marked else ""
         layout.titles(
             fig,
             report,
             "Training time per strategy and savings vs the baseline",
             "time spent training (dev evaluation excluded); bars: mean over seeds, "
-            f"dots: seeds; labels: change vs {b}{loaded}",
+            f"dots: seeds; labels: change vs {b}{said}",
         )
     return fig

@@ -44,6 +44,7 @@ _RUN_METRICS = {
     "dev_words": "dev_words",
     "test_words": "test_words",
     "cache_frozen_time_s": "cache_frozen_time_s",
+    "jobs_on_gpu": "jobs_on_gpu",
 }
 
 

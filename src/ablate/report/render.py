@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ablate.config import project_root
-from ablate.report.cell import LOADED, LR_FROM_STUDY
+from ablate.report.cell import LR_FROM_STUDY, loaded
 from ablate.report.recipe import heading
 from ablate.report.stats import N_BOOT
 from ablate.report.summary import Report
@@ -71,8 +71,8 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
     s = report.summary if panel is None else report.summary[report.summary.panel == panel]
     b = report.baseline
     out = []
-    for r in s.itertuples():
-        loaded = " *" if r.load_per_cpu > LOADED else ""  # NaN: not recorded, not flagged
+    marks = loaded(s).map({True: " *", False: ""})
+    for r, mark in zip(s.itertuples(), marks, strict=True):
         dev = _num(r.dev_mean_pct)
         dev += f" ± {_num(r.dev_std_pct)}" if r.n > 1 else " (1 seed)"
         if r.delta_method == "baseline":
@@ -93,10 +93,10 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
                 + (f" ± {_num(r.test_std_pct)}" if r.n > 1 else ""),
                 "trainable params (M)": millions(r.trainable_params_m),
                 f"param savings vs {b} (%)": share(r.param_savings_pct),
-                "train time (s)": _num(r.train_time_s, 1) + loaded,
-                f"time savings vs {b} (%)": share(r.time_savings_pct) + loaded,
+                "train time (s)": _num(r.train_time_s, 1) + mark,
+                f"time savings vs {b} (%)": share(r.time_savings_pct) + mark,
                 "train FLOPs": "–" if math.isnan(r.train_flops) else f"{r.train_flops:.3g}",
-                "wall time (s)": _num(r.wall_s, 0) + loaded,
+                "wall time (s)": _num(r.wall_s, 0) + mark,
                 "peak memory (MiB)": _num(r.peak_rss_mb, 0),
                 f"Δ dev vs {b} (pt) [95 % CI]": delta,
                 "interval": r.delta_method if r.delta_method != "baseline" else "",
@@ -106,7 +106,8 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
 
 
 LOADED_MARK = (
-    "*: timed only on a loaded machine (more runnable threads than CPUs): compare with care."
+    "*: timed only on a loaded machine (more runnable threads than CPUs, or a GPU shared with "
+    "other jobs): compare with care."
 )
 
 

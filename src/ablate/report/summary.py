@@ -18,7 +18,7 @@ from ablate import strategies
 from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import recipe
-from ablate.report.cell import LOADED, summary_row
+from ablate.report.cell import LOADED, loaded, summary_row
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
 from ablate.report.load import Runs, describe_source, load_runs
 from ablate.report.stats import N_BOOT, Predictions
@@ -182,8 +182,19 @@ _SUMMARY_COLUMNS = [
     "trainable_params_m", "total_params_m", "param_savings_pct",
     "train_time_s", "train_time_s_std", "timed_seeds", "time_savings_pct", "trainer_runtime_s",
     "wall_s", "peak_rss_mb", "train_flops", "load_per_cpu",
+    "jobs_on_gpu",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
 ]  # fmt: skip
+
+
+def _load_said(busy: pd.DataFrame) -> str:
+    """How loaded ``busy``'s runs were: their machine's threads per CPU, their GPU's jobs."""
+    said = []
+    if (busy.load_per_cpu > LOADED).any():
+        said.append(f"up to {busy.load_per_cpu.max():.1f} runnable threads per CPU")
+    if (busy.jobs_on_gpu > 1).any():
+        said.append(f"up to {busy.jobs_on_gpu.max():.0f} jobs sharing a GPU")
+    return ", ".join(said)
 
 
 def build(
@@ -230,14 +241,13 @@ def build(
             rows.append({**head, "metric": metric, **summary_row(cell, base, preds, boot)})
         if differ := _differing_settings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
-        loaded = group[group.load_per_cpu > LOADED]
-        if len(loaded):
-            which = ", ".join(f"{r.freeze} seed {r.seed}" for r in loaded.itertuples())
+        busy = group[loaded(group)]
+        if len(busy):
+            which = ", ".join(f"{r.freeze} seed {r.seed}" for r in busy.itertuples())
             notes.append(
-                f"{panel}: runs measured on a loaded machine (up to "
-                f"{loaded.load_per_cpu.max():.1f} runnable threads per CPU): {which}. Their "
-                f"accuracy counts; their times count only where every seed of the strategy was "
-                f"loaded, and are marked *: compare those with care."
+                f"{panel}: runs measured on a loaded machine ({_load_said(busy)}): {which}. "
+                f"Their accuracy counts; their times count only where every seed of the strategy "
+                f"was loaded, and are marked *: compare those with care."
             )
         counts = group.groupby("freeze").size()
         if counts.nunique() > 1:

@@ -23,7 +23,7 @@ from ablate.training.callbacks import EpochLogger, SendEvaluated, dev_history
 from ablate.training.meter import CountingCollator, SpeedMeter
 from ablate.training.prepare import Prepared
 from ablate.training.recorder import Recorder
-from ablate.training.resources import launcher_workers, peak_rss_mb
+from ablate.training.resources import jobs_on_gpu, launcher_workers, peak_rss_mb
 from ablate.training.trainer import CoreTrainer, trainer_class
 
 if TYPE_CHECKING:
@@ -119,6 +119,8 @@ def record_inputs(data: DataCore, prep: Prepared, record: Recorder) -> dict[str,
             "jobs_at_once": launcher_workers(),
         },
     )
+    if (sharing := jobs_on_gpu(prep.device)) > 1:  # its times are not its own (the report's *)
+        record.metrics({"jobs_on_gpu": sharing})
     stats = prep.encoded.stats  # only what happened: a zero count is no news
     record.metrics({f"{s}_{k}": v for s, c in stats.items() for k, v in c.items() if v})
     counts = {f"{s}_sentences": len(sents) for s, sents in prep.sentences.items()}

@@ -37,6 +37,7 @@ def usable_cpus() -> int:
 # The number of workers a sweep planned, passed to its workers' jobs: what they see of the GPUs'
 # free memory once their neighbours have started is not what the sweep saw.
 PLANNED = "ABLATE_LAUNCHER_WORKERS"
+SHARING = "ABLATE_JOBS_ON_GPU"  # in a sweep's worker: how many of its jobs share one GPU
 
 
 def launcher_workers() -> int:
@@ -47,6 +48,22 @@ def launcher_workers() -> int:
     if os.environ.get(PLANNED, "").isdigit():
         return int(os.environ[PLANNED])
     return plan_workers(OmegaConf.select(HydraConfig.get(), "launcher", default={}) or {})[0]
+
+
+def jobs_on_gpu(device: str) -> int:
+    """How many of the sweep's jobs run at once on this job's GPU (1 on a CPU, or alone): its
+    workers over the GPUs they were spread on, as the worker set it (``share_gpus``)."""
+    if not str(device).startswith("cuda"):
+        return 1
+    if os.environ.get(SHARING, "").isdigit():
+        return int(os.environ[SHARING])
+    return launcher_workers()
+
+
+def share_gpus(workers: int, gpus: int) -> None:
+    """In a sweep's worker as it starts, before its GPU is assigned: how many of the ``workers``
+    share each of the ``gpus`` visible to the sweep, for its runs' ``jobs_on_gpu``."""
+    os.environ[SHARING] = str(-(-workers // max(1, gpus)))
 
 
 def plan_workers(launcher, cpus: int | None = None, free_mib: list[int] | None = None):
