@@ -29,6 +29,8 @@ def test_a_sweeps_jobs_run_in_workers_forked_from_the_preloaded_sweep(
         "seed=1,2", *slice_overrides(slice_root, store, tmp_path),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    said = (proc.stdout + proc.stderr).count("workers: n_jobs=2")
+    assert said == 1, said  # the plan, said once as the sweep starts (not at each batch)
     records = workers.preloaded(tmp_path / "sweep")
     # two workers, each the sweep's own child, started with the training stack already imported
     assert len(records) == 2 and len({r["pid"] for r in records}) == 2, records

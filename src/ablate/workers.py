@@ -62,27 +62,29 @@ def count(launcher: DictConfig) -> int | None:
     """How many workers ablate's launcher runs (``resources.plan_workers``: ``n_jobs``, or with
     ``auto`` several jobs per GPU, the GPUs' free memory read once per process); None for
     another launcher."""
+    planned = plan(launcher)
+    return None if planned is None else planned[0]
+
+
+def plan(launcher: DictConfig) -> tuple[int, str] | None:
+    """``count``'s workers and why (what the sweep's log says once, as it starts)."""
     if launcher.get("_target_") != LAUNCHER:
         return None
     from ablate.training.resources import plan_workers
 
-    global _said
-    workers, why = plan_workers(launcher)
-    if why != _said:  # once per sweep, not at each batch's launch
-        log.info("workers: %s", why)
-        _said = why
-    return workers
-
-
-_said = ""
+    return plan_workers(launcher)
 
 
 def start(config: DictConfig) -> bool:
     """Import the training stack here and fork the sweep's workers from this process; False
     where the launcher is not ablate's or runs one job at a time (the jobs then run here)."""
     global _pool, _record
-    workers = count(config.hydra.launcher)
-    if workers is None or workers <= 1:
+    planned = plan(config.hydra.launcher)
+    if planned is None:
+        return False
+    workers, why = planned
+    log.info("workers: %s", why)
+    if workers <= 1:
         return False
     from ablate.training.resources import set_wait_policy
 
