@@ -17,6 +17,9 @@ from ablate.report.summary import LR_FROM_STUDY
 from ablate.tables import markdown_table
 
 RESULTS = "naija"  # the README's study: docs/results/<name>/, a report made by make report
+# a study being redone into its partial archive: the experiment (conf/experiment/) whose sweep
+# lists the strategies it is to hold
+REDONE_AS = {"naija-fair": "fair"}
 
 
 class NoResults(Exception):
@@ -241,7 +244,21 @@ def _reruns_said(study: str) -> str:
             f"{_mean_pct(rows, 'published_dev')}), test {_mean_pct(rows, 'test')} % (published "
             f"{_mean_pct(rows, 'published_test')}), means over those seeds."
         )
+    if left := _still_to_run(study, {r["freeze"] for r in found}):
+        said += f" Still to run: {', '.join(f'`{s}`' for s in left)}."
     return said
+
+
+def _still_to_run(study: str, done: set[str]) -> list[str]:
+    """The strategies of the experiment ``study`` is redone as (its sweep's ``freeze`` list)
+    that its partial archive does not hold yet, in the sweep's order."""
+    from omegaconf import OmegaConf
+
+    if study not in REDONE_AS:
+        return []
+    conf = OmegaConf.load(project_root() / "conf" / "experiment" / f"{REDONE_AS[study]}.yaml")
+    wanted = str(conf.hydra.sweeper.params.freeze).split(",")
+    return [s for s in wanted if s not in done]
 
 
 def results_source(study: str = RESULTS) -> str:
