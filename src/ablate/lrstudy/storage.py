@@ -18,6 +18,7 @@ from omegaconf import open_dict
 
 from ablate.errors import AblateError
 from ablate.lrstudy import pruner, remote
+from ablate.lrstudy.seed import seed
 from ablate.tracking.identity import identity
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ def study_name(cfg: TrainCore) -> str:
 
 
 def open_study(cfg: TrainCore) -> optuna.Study:
-    """The study of ``cfg``'s trials, created if new, with the pruner of ``lr_study``."""
+    """The study of ``cfg``'s trials, with the pruner of ``lr_study``; created if new, and then
+    seeded from its trials' runs in the tracking store (``ablate.lrstudy.seed``)."""
     name = study_name(cfg)
     url = storage_url(cfg)
     lock = contextlib.nullcontext()
@@ -104,7 +106,12 @@ def open_study(cfg: TrainCore) -> optuna.Study:
             pruner=pruner(cfg.lr_study),
             load_if_exists=True,
         )
-        if "range" not in study.user_attrs:
+        if "range" not in study.user_attrs and not study.get_trials(deepcopy=False):
+            # new here: its trials' runs may be, after an archive's import (``seed``). Inside
+            # the sqlite lock: two workers starting together seed once. Another storage has no
+            # such lock: start one worker first there, the others once it trains.
+            seed(study, cfg)
+        elif "range" not in study.user_attrs:
             study.set_user_attr("range", [float(x) for x in cfg.lr_study.range])
             study.set_user_attr("widened", 0)
     return study
