@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("ablate")
 
 
-def trial_runs(cfg: TrainCore, name: str) -> list:
-    """The ended runs of study ``name``'s trials in ``cfg``'s experiment (FINISHED, or pruned:
-    ``study._run_of``'s rule), by trial number, then start time."""
+def trial_runs(cfg: TrainCore, name: str, metric: str) -> list:
+    """The ended runs of study ``name``'s trials in ``cfg``'s experiment (pruned, or FINISHED:
+    ``study._run_of``'s rule; a FINISHED one with its ``best_dev_<metric>``, the trial's value),
+    by trial number, then start time."""
     with schema_lock(cfg.tracking.uri):  # the store may be fresh: MLflow migrates it on open
         client = MlflowClient(cfg.tracking.uri)
         exp = client.get_experiment_by_name(cfg.tracking.experiment)
@@ -53,7 +54,8 @@ def trial_runs(cfg: TrainCore, name: str) -> list:
     for r in runs:
         prefix, _, number = r.data.tags[TRIAL_TAG].rpartition(":")
         pruned = r.data.tags.get(PRUNED_TAG) == "true"
-        if prefix == name and number.isdigit() and (pruned or r.info.status == "FINISHED"):
+        done = r.info.status == "FINISHED" and f"best_dev_{metric}" in r.data.metrics
+        if prefix == name and number.isdigit() and (pruned or done):
             ended.append((int(number), r.info.start_time, r))
     return [r for *_, r in sorted(ended, key=lambda x: x[:2])]
 
@@ -116,7 +118,8 @@ def seed(study: optuna.Study, cfg: TrainCore) -> None:
     run's tag names no other run. Runs sharing a number (trials of a study whose storage was
     replaced unseeded) go after the rest."""
     configured = [float(x) for x in cfg.lr_study.range]
-    runs = trial_runs(cfg, study.study_name)
+    metric = tasks.get(cfg.data.task).primary_metric
+    runs = trial_runs(cfg, study.study_name, metric)
     span, widened = configured, 0
     for r in runs:
         got = _span(r)
@@ -125,7 +128,6 @@ def seed(study: optuna.Study, cfg: TrainCore) -> None:
             span, widened = got, times
     if runs:
         client = MlflowClient(cfg.tracking.uri)
-        metric = tasks.get(cfg.data.task).primary_metric
         placed, extra = {}, []
         for r in runs:
             number = int(r.data.tags[TRIAL_TAG].rpartition(":")[2])
