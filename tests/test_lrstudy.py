@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from helpers.store import logged_runs
 from mlflow import MlflowClient
 from omegaconf import open_dict
 
+from ablate.archive.__main__ import main as archive_main
 from ablate.errors import AblateError
 from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, RANGE_TAG, TRIAL_TAG
 from ablate.lrstudy import cli as study_cli
@@ -115,17 +117,27 @@ def test_a_study_killed_mid_trial_continues_and_two_workers_double_no_trial(
     assert "study lr-UD_Naija-Slice-tiny-bitfit-" in out and ": 2 trials, 0 pruned" in out
 
 
-@pytest.mark.heavy
-def test_a_losing_trial_is_pruned_tagged_and_no_candidate(slice_root, store, tmp_path, capsys):
-    args = [
-        *slice_overrides(slice_root, store, tmp_path), "freeze=bitfit", "lr_study.trials=3",
+def _pruning_args(slice_root, store: str, folder: Path) -> list[str]:
+    return [
+        *slice_overrides(slice_root, store, folder), "freeze=bitfit", "lr_study.trials=3",
         "lr_study.prune_from_epoch=1", "lr_study.range=[1e-7,1e-2]", "lr_study.widen=0",
     ]  # fmt: skip
+
+
+@pytest.mark.heavy
+def test_a_losing_trial_is_pruned_tagged_and_no_candidate(
+    slice_root, store, tmp_path, capsys, caplog
+):
+    args = _pruning_args(slice_root, store, tmp_path)
     study = _study(args)
     for lr in (3e-3, 1e-3, 1e-7):  # the last cannot keep up after an epoch
         study.enqueue_trial({"lr": lr})
     assert study_cli.main(args) == 0
     said = capsys.readouterr()
+    archive = tmp_path / "archive"  # the study as it ended, for its import elsewhere (below)
+    assert archive_main(["export", "--uri", store, "--experiment", "ablate", "--all",
+                         str(archive)]) == 0  # fmt: skip
+    capsys.readouterr()
     states = {t.params["lr"]: t.state for t in _study(args).trials}
     assert states[1e-7] == optuna.trial.TrialState.PRUNED
     assert list(states.values()).count(optuna.trial.TrialState.COMPLETE) == 2
@@ -159,6 +171,67 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(slice_root, store, tmp
     MlflowClient(store).log_metric(later.info.run_id, "best_dev_accuracy", tied, step=10**6)
     assert tuned_lr(cfg, "x").run_id == first.info.run_id
     assert best(study_cli.study_of(cfg)).run_id == first.info.run_id
+    _continues_after_import(slice_root, archive, args, said.err, tmp_path, capsys, caplog)
+
+
+def _imported(archive: Path, folder: Path) -> str:
+    """A new sqlite store in ``folder`` (so a new Optuna storage beside it) holding ``archive``."""
+    store = f"sqlite:///{folder / 'mlflow.db'}"
+    assert archive_main(["import", str(archive), "--uri", store]) == 0
+    assert not (folder / "lr_study.db").exists()
+    return store
+
+
+def _continues_after_import(slice_root, archive, args, said, tmp_path, capsys, caplog):
+    """The study of ``args`` (3e-3, 1e-3, then 1e-7 pruned), exported to ``archive``, imported
+    into a new store: its new Optuna storage is seeded from the imported trial runs, so the same
+    command trains only the trials it lacks."""
+    complete, pruned, fail = (optuna.trial.TrialState[s] for s in ("COMPLETE", "PRUNED", "FAIL"))
+    line = next(x for x in said.splitlines() if x.startswith("study "))
+    store = _imported(archive, tmp_path / "b")
+    args_b = _pruning_args(slice_root, store, tmp_path / "b")
+    runs = {float(r.data.params["trainer.lr"]): r for r in logged_runs(store)}
+    with caplog.at_level(logging.INFO, logger="ablate"):
+        assert study_cli.main(args_b) == 0
+    out = capsys.readouterr()
+    assert {r.info.run_id for r in logged_runs(store)} == {r.info.run_id for r in runs.values()}
+    assert line in out.err.splitlines()  # the same study: no trial trained again
+    seeded_line = "seeded 3 trials (1 pruned) from the tracking store's runs; range [1e-07, 0.01]"
+    assert any(seeded_line in r.getMessage() for r in caplog.records)
+    cfg = study_cli.compose_trial("bitfit", study_cli.for_studies(args_b)[1])
+    before = study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1])
+    here, there = (lrstudy.summary(lrstorage.open_study(c), c.trainer) for c in (cfg, before))
+    assert here == there  # the same name, trials, pruned, epochs saved, range and best lr
+    seeded = lrstorage.open_study(cfg).trials
+    name = lrstorage.study_name(cfg)
+    assert [(t.number, t.state, t.params["lr"]) for t in seeded] == [
+        (0, complete, 3e-3), (1, complete, 1e-3), (2, pruned, 1e-7),
+    ]  # fmt: skip
+    for t in seeded:  # each its run's trial: value, per-epoch dev metric, epochs, range
+        run = runs[t.params["lr"]]
+        assert run.data.tags[TRIAL_TAG] == f"{name}:{t.number}"
+        assert t.user_attrs["seeded_from_run"] == run.info.run_id
+        history = MlflowClient(store).get_metric_history(run.info.run_id, "dev_accuracy")
+        assert t.intermediate_values == {m.step: m.value for m in history}
+        assert (t.distributions["lr"].low, t.distributions["lr"].high) == (1e-7, 1e-2)
+    assert seeded[0].value == runs[3e-3].data.metrics["best_dev_accuracy"]
+    assert seeded[2].user_attrs["epochs"] == 1 and seeded[0].user_attrs["epochs"] == 2
+
+    # a trial whose run failed (a study cut short): one trial trains, numbered after the rest
+    store = _imported(archive, tmp_path / "c")
+    failed = next(r for r in logged_runs(store) if float(r.data.params["trainer.lr"]) == 1e-3)
+    MlflowClient(store).set_terminated(failed.info.run_id, status="FAILED")
+    args_c = _pruning_args(slice_root, store, tmp_path / "c")
+    assert study_cli.main(args_c) == 0
+    trials = lrstorage.open_study(
+        study_cli.compose_trial("bitfit", study_cli.for_studies(args_c)[1])
+    ).trials
+    assert [(t.number, t.state) for t in trials[:3]] == [(0, complete), (1, fail), (2, pruned)]
+    assert len(trials) == 4 and trials[3].state == complete
+    tagged = [r for r in logged_runs(store) if r.data.tags[TRIAL_TAG].endswith(":3")]
+    assert len(logged_runs(store)) == 4 and len(tagged) == 1  # the three imported, one new
+    assert float(tagged[0].data.params["trainer.lr"]) == trials[3].params["lr"]
+    assert MlflowClient(store).get_run(failed.info.run_id).info.status == "FAILED"
 
 
 def _finished(study: optuna.Study, lrs: list[float]) -> None:

@@ -1,15 +1,13 @@
 """An lr study imported into a new store (``python -m ablate.archive``) continues there: its new
 Optuna storage is seeded from the imported trial runs (lr, range, value, pruned state), so the
-same ``python -m ablate.lrstudy`` command trains only the trials that are missing."""
+same ``python -m ablate.lrstudy`` command trains only the trials that are missing (a real study
+exported and imported: tests/test_lrstudy.py, after its pruned trial)."""
 
 from __future__ import annotations
 
 import json
-import logging
-import time
 
 import optuna
-import pytest
 from helpers.runs import slice_overrides
 from helpers.store import logged_runs
 from mlflow import MlflowClient
@@ -18,9 +16,7 @@ from ablate.archive.__main__ import main as archive_main
 from ablate.lrstudy import PRUNED_TAG, RANGE_TAG, TRIAL_TAG
 from ablate.lrstudy import cli as study_cli
 from ablate.lrstudy import storage as lrstorage
-from ablate.lrstudy.runs import best
 from ablate.lrstudy.seed import widenings
-from ablate.lrstudy.study import summary
 
 EXPERIMENT = "t-lr-seed"
 COMPLETE, PRUNED, FAIL = (optuna.trial.TrialState[s] for s in ("COMPLETE", "PRUNED", "FAIL"))
@@ -48,75 +44,6 @@ def _imported(archive, folder) -> str:
 
 def _by_lr(store: str) -> dict[float, object]:
     return {float(r.data.params["trainer.lr"]): r for r in logged_runs(store, EXPERIMENT)}
-
-
-@pytest.mark.heavy
-def test_an_imported_study_trains_again_only_the_trials_it_lacks(
-    slice_root, tmp_path, capsys, caplog
-):
-    # a real study: three trials, the last pruned after its first epoch
-    original = f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}"
-    args = _args(slice_root, original, tmp_path / "a")
-    study = lrstorage.open_study(_cfg(args))
-    for lr in (3e-3, 1e-3, 1e-7):
-        study.enqueue_trial({"lr": lr})
-    assert study_cli.main(args) == 0
-    said = capsys.readouterr().err
-    line = next(x for x in said.splitlines() if x.startswith("study "))
-    assert ": 3 trials, 1 pruned, 1 of 6 epochs saved" in line
-    archive = tmp_path / "archive"
-    assert archive_main(["export", "--uri", original, "--experiment", EXPERIMENT, "--all",
-                         str(archive)]) == 0  # fmt: skip
-
-    # imported elsewhere, the same command trains nothing and reports the same study
-    store = _imported(archive, tmp_path / "b")
-    args_b = _args(slice_root, store, tmp_path / "b")
-    runs = _by_lr(store)
-    started = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="ablate"):
-        assert study_cli.main(args_b) == 0
-    took = time.monotonic() - started
-    out = capsys.readouterr()
-    after = {r.info.run_id for r in logged_runs(store, EXPERIMENT)}
-    assert after == {r.info.run_id for r in runs.values()} and runs.keys() == {3e-3, 1e-3, 1e-7}
-    assert line in out.err.splitlines(), (out.err[-3000:], took)
-    seeded_line = "seeded 3 trials (1 pruned) from the tracking store's runs; range [1e-07, 0.01]"
-    assert any(seeded_line in r.getMessage() for r in caplog.records)
-    cfg = _cfg(args_b)
-    assert best(study_cli.study_of(cfg)).lr == best(study_cli.study_of(_cfg(args))).lr
-    there, here = (lrstorage.open_study(c) for c in (_cfg(args), cfg))
-    assert summary(here, cfg.trainer) == summary(there, cfg.trainer)  # best lr, counts, range
-    seeded = here.trials
-    name = lrstorage.study_name(cfg)
-    assert [(t.number, t.state, t.params["lr"]) for t in seeded] == [
-        (0, COMPLETE, 3e-3), (1, COMPLETE, 1e-3), (2, PRUNED, 1e-7),
-    ]  # fmt: skip
-    for t in seeded:  # each its run's trial: value, per-epoch dev metric, epochs, range
-        run = runs[t.params["lr"]]
-        assert run.data.tags[TRIAL_TAG] == f"{name}:{t.number}"
-        assert t.user_attrs["seeded_from_run"] == run.info.run_id
-        history = MlflowClient(store).get_metric_history(run.info.run_id, "dev_accuracy")
-        assert t.intermediate_values == {m.step: m.value for m in history}
-        assert t.distributions["lr"].low == 1e-7 and t.distributions["lr"].high == 1e-2
-    assert seeded[0].value == runs[3e-3].data.metrics["best_dev_accuracy"]
-    assert seeded[2].user_attrs["epochs"] == 1 and list(seeded[2].intermediate_values) == [1]
-    assert seeded[0].user_attrs["epochs"] == 2
-
-    # a trial whose run failed (a study cut short): one trial trains, numbered after the rest
-    store = _imported(archive, tmp_path / "c")
-    failed = _by_lr(store)[1e-3]
-    MlflowClient(store).set_terminated(failed.info.run_id, status="FAILED")
-    args_c = _args(slice_root, store, tmp_path / "c")
-    assert study_cli.main(args_c) == 0
-    # not pruned: the median pruner waits for 2 complete trials, and one is
-    assert ": 3 trials, 1 pruned" in capsys.readouterr().err
-    trials = lrstorage.open_study(_cfg(args_c)).trials
-    assert [(t.number, t.state) for t in trials[:3]] == [(0, COMPLETE), (1, FAIL), (2, PRUNED)]
-    assert len(trials) == 4 and trials[3].state == COMPLETE
-    assert len(logged_runs(store, EXPERIMENT)) == 4  # the three imported, one new
-    tagged = [r for r in logged_runs(store, EXPERIMENT) if r.data.tags[TRIAL_TAG].endswith(":3")]
-    assert len(tagged) == 1 and float(tagged[0].data.params["trainer.lr"]) == trials[3].params["lr"]
-    assert MlflowClient(store).get_run(failed.info.run_id).info.status == "FAILED"
 
 
 def _logged_trial(client: MlflowClient, exp: str, tag: str, lr: float, span, dev: list[float]):
