@@ -352,8 +352,8 @@ def lr_studies(study: str) -> str:
         spans = [json.loads(r.tags[RANGE_TAG]) for r in runs if RANGE_TAG in r.tags]
         span = [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else None
         lr = float(best.params["trainer.lr"]) if best else None
-        rows.append([
-            f"`{option}`", str(len(runs)), str(len(cut)),
+        rows.append([  # trials: those that ended (a try a kill cut short ran again)
+            f"`{option}`", str(len(done) + len(cut)), str(len(cut)),
             f"[{span[0]:g}, {span[1]:g}]" if span else "not recorded",
             f"{lr:.3g}" if lr else "-", f"{value[best.run_id]:.4f}" if best else "-",
             f"{position(lr, span):.2f}" if lr and span else "-",
