@@ -25,7 +25,8 @@ from ablate.archive import (
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
 from ablate.fileio import sha256_file
-from ablate.report.load import FILTERS, MlflowClient, MlflowException, all_runs
+from ablate.report.load import FILTERS, MlflowClient, MlflowException
+from ablate.tracking.store import all_runs
 
 
 def _scope(runs_source: dict[str, str]) -> dict[str, Any]:

@@ -26,8 +26,9 @@ from ablate.archive import (
 )
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
-from ablate.report.load import MlflowClient, MlflowException, all_runs
+from ablate.report.load import MlflowClient, MlflowException
 from ablate.tracking.journal import chunks
+from ablate.tracking.store import all_runs
 
 # MLflow's log_batch limits per request
 _METRICS_PER_BATCH = 1000  # MLflow's limit of metric points per batch (params, tags: chunks')

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from ablate import tasks
 from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, RANGE_TAG, TRIAL_TAG
-from ablate.tracking.store import schema_lock
+from ablate.tracking.store import all_runs, schema_lock
 
 if TYPE_CHECKING:
     from ablate.config import TrainCore
@@ -40,16 +40,7 @@ def trial_runs(cfg: TrainCore, name: str, metric: str) -> list:
     # LIKE narrows the search; "_" in a name is LIKE's any-character, so the prefix is checked
     # again exactly below
     pattern = f"{name}:%".replace("'", "\\'")
-    runs, token = [], None
-    while True:
-        page = client.search_runs(
-            [exp.experiment_id], f"tags.{TRIAL_TAG} LIKE '{pattern}'", max_results=1000,
-            page_token=token,
-        )  # fmt: skip
-        runs += page
-        token = page.token
-        if not token:
-            break
+    runs = all_runs(client, exp.experiment_id, f"tags.{TRIAL_TAG} LIKE '{pattern}'")
     ended = []
     for r in runs:
         prefix, _, number = r.data.tags[TRIAL_TAG].rpartition(":")

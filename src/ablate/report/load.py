@@ -17,7 +17,7 @@ from ablate.errors import AblateError
 from ablate.report import scope
 from ablate.tracking.history import latest_per_step
 from ablate.tracking.params import OPTION_KEYS_TAG, primary_metric
-from ablate.tracking.store import check_reachable
+from ablate.tracking.store import all_runs, check_reachable
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
@@ -89,21 +89,6 @@ def _float(value: str | None) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def all_runs(client: MlflowClient, experiment_id: str, filter_string: str = "") -> list:
-    """Every run of the experiment (that ``filter_string`` selects), every page read."""
-    # mlflow.search_runs pages by itself, but only through the process-wide tracking URI, which
-    # reading a store given by --uri must not change: this client's pages, read to the end.
-    runs, token = [], None
-    while True:
-        page = client.search_runs(
-            [experiment_id], filter_string, max_results=1000, page_token=token
-        )
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 def _client(uri: str, experiment: str):

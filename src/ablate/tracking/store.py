@@ -112,3 +112,18 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
     if stale_after_min is not None:
         mark_stale_runs(client, exp.experiment_id, stale_after_min * 60)
     return exp.experiment_id
+
+
+def all_runs(client, experiment_id: str, filter_string: str = "") -> list:
+    """Every run of the experiment (that ``filter_string`` selects), every page read."""
+    # mlflow.search_runs pages by itself, but only through the process-wide tracking URI, which
+    # reading a store given by --uri must not change: this client's pages, read to the end.
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            [experiment_id], filter_string, max_results=1000, page_token=token
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
