@@ -82,3 +82,23 @@ def test_three_seeds_use_a_paired_t_interval(report_grid):
     assert (row.delta_ci_low_pt, row.delta_ci_high_pt) == pytest.approx(
         (diffs.mean() - half, diffs.mean() + half))  # fmt: skip
     assert row.dev_ci_method == "t over 3 seeds"
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_bootstrap_by_counts_matches_scipys_resampling(seeds):
+    """Correctness averaged over seeds has a few values: resampled by their counts, the interval
+    is scipy's percentile bootstrap's within its own resampling noise, and repeatable."""
+    from scipy import stats as sp
+
+    rng = np.random.default_rng(7)
+    values = np.mean([rng.random(20000) < 0.9 for _ in range(seeds)], axis=0) * 100
+    lo, hi = stats.bootstrap_interval(values)
+    ref = sp.bootstrap(
+        (values,), np.mean, n_resamples=4000, method="percentile", random_state=rng, batch=500
+    ).confidence_interval
+    assert lo < values.mean() < hi
+    assert abs(lo - ref.low) < 0.05 and abs(hi - ref.high) < 0.05  # half-width ~0.4 pt
+    assert stats.bootstrap_interval(values) == (lo, hi)
+    many = rng.normal(size=500)  # more values than counts pay for: scipy resamples them
+    mlo, mhi = stats.bootstrap_interval(many)
+    assert mlo < many.mean() < mhi

@@ -16,6 +16,8 @@ from ablate.report.load import MlflowClient, MlflowException
 
 LEVEL = 0.95
 N_BOOT = 1000
+# values a bootstrap resamples by their counts (below); more go through scipy's
+MAX_LEVELS = 64
 
 
 def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
@@ -32,17 +34,29 @@ def bootstrap_interval(
     values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL
 ) -> tuple[float, float]:
     """Percentile interval of the mean of ``values`` resampled with replacement ``n_boot`` times
-    (scipy's bootstrap; the same seed gives the same interval)."""
+    (the same seed gives the same interval)."""
     values = np.asarray(values, dtype=float)
     if np.all(values == values[0]):  # no spread: every resample has the same mean
         return float(values[0]), float(values[0])
+    rng = np.random.default_rng(seed)
+    levels, counts = np.unique(values, return_counts=True)
+    if levels.size <= MAX_LEVELS:
+        # A resample's mean depends only on how many items of each value it drew: a multinomial
+        # over the values' shares. Per-item correctness (0/1, averaged over a few seeds) has a
+        # few values, so this draws n_boot x levels counts where scipy's bootstrap draws n_boot x
+        # items indices (0.2 s per interval for EWT's dev words): the same distribution.
+        drawn = rng.multinomial(values.size, counts / values.size, size=n_boot)
+        means = drawn @ levels / values.size
+        tail = (1 - level) / 2 * 100
+        lo, hi = np.percentile(means, [tail, 100 - tail])
+        return float(lo), float(hi)
     res = stats.bootstrap(
         (values,),
         np.mean,
         n_resamples=n_boot,
         confidence_level=level,
         method="percentile",
-        random_state=np.random.default_rng(seed),
+        random_state=rng,
         batch=100,
     )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
