@@ -325,7 +325,7 @@ def lr_studies(study: str) -> str:
     import json
 
     from ablate.archive import read
-    from ablate.lrstudy import PRUNED_TAG, RANGE_TAG
+    from ablate.lrstudy import RANGE_TAG, pruned, trained_out
     from ablate.lrstudy.study import interior, position
 
     folder = next((_dir(study) / n for n in (ARCHIVE, PARTIAL) if (_dir(study) / n).is_dir()), None)
@@ -344,8 +344,8 @@ def lr_studies(study: str) -> str:
         )
     rows = []
     for option, runs in sorted(trials.items()):
-        cut = [r for r in runs if r.tags.get(PRUNED_TAG) == "true"]
-        done = [r for r in runs if r.info.get("status") == "FINISHED" and r not in cut]
+        cut = [r for r in runs if pruned(r.tags)]
+        done = [r for r in runs if trained_out(r.info.get("status"), r.tags)]
         value = {r.run_id: _best_dev(r) for r in done}
         # of equal values the earliest, as the study's own pick
         best = max(done, key=lambda r: value[r.run_id], default=None)

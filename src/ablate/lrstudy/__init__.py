@@ -6,6 +6,8 @@ MLflow."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ablate.config import LrStudyConfig
 
 TRIAL_ENV = "ABLATE_LR_TRIAL"  # a trial's process: JSON of storage, study, trial_id, driver pid
@@ -14,6 +16,17 @@ PRUNED_TAG = "ablate.pruned"  # "true" on a pruned trial's run (ended KILLED, no
 PRUNED_EPOCH_TAG = "ablate.pruned_epoch"  # the last epoch it trained
 # the [low, high] lr range (JSON) the trial's lr was drawn from: the study's, widened or not
 RANGE_TAG = "ablate.lr_range"
+
+
+def pruned(tags: Mapping[str, str]) -> bool:
+    """Whether a run's tags mark a pruned trial: no candidate, whatever its status says."""
+    return tags.get(PRUNED_TAG) == "true"
+
+
+def trained_out(status: str, tags: Mapping[str, str]) -> bool:
+    """Whether a run trained to its end: FINISHED and not pruned (a candidate for a study's
+    best)."""
+    return status == "FINISHED" and not pruned(tags)
 
 
 def pruner(study: LrStudyConfig):

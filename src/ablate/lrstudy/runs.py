@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from ablate import tasks
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG
+from ablate.lrstudy import PRUNED_EPOCH_TAG, pruned, trained_out
 from ablate.tracking.params import flatten, primary_metric, settings
 
 if TYPE_CHECKING:
@@ -73,22 +73,20 @@ def best(study: Study) -> Best:
     """
     name = study.name.replace("'", "\\'")
     runs = _runs(study, f"tags.study = '{name}' and attributes.status != 'RUNNING'")
-    pruned = [r for r in runs if r.data.tags.get(PRUNED_TAG) == "true"]
+    cut = [r for r in runs if pruned(r.data.tags)]
     scored = sorted(
         (
             r
             for r in runs
-            if r.info.status == "FINISHED"
-            and study.metric in r.data.metrics
-            and r.data.tags.get(PRUNED_TAG) != "true"
+            if trained_out(r.info.status, r.data.tags) and study.metric in r.data.metrics
         ),
         key=lambda r: r.info.start_time,
     )
     if not scored:
-        return Best(study, 0, None, None, None, pruned=len(pruned))
+        return Best(study, 0, None, None, None, pruned=len(cut))
     latest = _recipe(scored[-1])
     same = [r for r in scored if _recipe(r) == latest]
-    cut = [r for r in pruned if _recipe(r) == latest]
+    cut = [r for r in cut if _recipe(r) == latest]
     saved = sum(
         int(r.data.params.get("trainer.epochs", 0)) - int(r.data.tags[PRUNED_EPOCH_TAG])
         for r in cut
@@ -144,11 +142,7 @@ def tuned_lr(cfg: TrainCore, command: str) -> Best:
             f"{cfg.tracking.uri}: the lr study's store is not readable: {exc}"
         ) from exc
     trials = [
-        r
-        for r in found
-        if r.info.status == "FINISHED"
-        and metric in r.data.metrics
-        and r.data.tags.get(PRUNED_TAG) != "true"
+        r for r in found if trained_out(r.info.status, r.data.tags) and metric in r.data.metrics
     ]
     wanted = _lr_aside(
         {k: str(v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}

@@ -19,7 +19,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from ablate import tasks
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, RANGE_TAG, TRIAL_TAG
+from ablate.lrstudy import PRUNED_EPOCH_TAG, RANGE_TAG, TRIAL_TAG, pruned
 from ablate.tracking.store import all_runs, schema_lock
 
 if TYPE_CHECKING:
@@ -44,9 +44,8 @@ def trial_runs(cfg: TrainCore, name: str, metric: str) -> list:
     ended = []
     for r in runs:
         prefix, _, number = r.data.tags[TRIAL_TAG].rpartition(":")
-        pruned = r.data.tags.get(PRUNED_TAG) == "true"
         done = r.info.status == "FINISHED" and f"best_dev_{metric}" in r.data.metrics
-        if prefix == name and number.isdigit() and (pruned or done):
+        if prefix == name and number.isdigit() and (pruned(r.data.tags) or done):
             ended.append((int(number), r.info.start_time, r))
     return [r for *_, r in sorted(ended, key=lambda x: x[:2])]
 
@@ -80,14 +79,14 @@ def _trial(run, cfg: TrainCore, configured: list[float], metric: str, client: Ml
     points = client.get_metric_history(run.info.run_id, f"dev_{metric}")
     for m in sorted(points, key=lambda m: m.timestamp):
         history.setdefault(int(m.step), m.value)  # a step reported twice: Optuna keeps the first
-    pruned = run.data.tags.get(PRUNED_TAG) == "true"
-    if pruned:
+    cut = pruned(run.data.tags)
+    if cut:
         epochs = int(run.data.tags.get(PRUNED_EPOCH_TAG, max(history, default=0)))
     else:
         epochs = int(run.data.metrics.get("stopped_epoch", cfg.trainer.epochs))
     trial = optuna.trial.create_trial(
-        state=TrialState.PRUNED if pruned else TrialState.COMPLETE,
-        value=None if pruned else run.data.metrics[f"best_dev_{metric}"],
+        state=TrialState.PRUNED if cut else TrialState.COMPLETE,
+        value=None if cut else run.data.metrics[f"best_dev_{metric}"],
         params={"lr": lr},
         distributions={"lr": dist},
         user_attrs={"epochs": epochs, "seeded_from_run": run.info.run_id},
@@ -135,13 +134,13 @@ def seed(study: optuna.Study, cfg: TrainCore) -> None:
                 trials.append(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs=gap))
         trials += [_trial(r, cfg, configured, metric, client) for r in extra]
         study.add_trials(trials)
-        pruned = sum(t.state == TrialState.PRUNED for t in trials)
+        n_pruned = sum(t.state == TrialState.PRUNED for t in trials)
         log.info(
             "lr study %s: seeded %d trials (%d pruned) from the tracking store's runs; "
             "range [%g, %g]%s",
             study.study_name,
             len(runs),
-            pruned,
+            n_pruned,
             *span,
             f", widened {widened}x" if widened else "",
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ablate.archive import Archive, ArchivedRun
-from ablate.lrstudy import PRUNED_TAG
+from ablate.lrstudy import pruned, trained_out
 from ablate.lrstudy.runs import Best
 from ablate.tables import markdown_table
 
@@ -60,11 +60,11 @@ def pruning(archives: Mapping[str, Archive]) -> str:
                 studies.setdefault(run.tags["study"], []).append(run)
         for name, runs in sorted(studies.items()):
             points = {r.run_id: _points(r) for r in runs}
-            cut = [r for r in runs if r.tags.get(PRUNED_TAG) == "true"]
+            cut = [r for r in runs if pruned(r.tags)]
             done = [
                 r
                 for r in runs
-                if r.info["status"] == "FINISHED" and r not in cut and points[r.run_id]["best"]
+                if trained_out(r.info["status"], r.tags) and points[r.run_id]["best"]
             ]
             top = max(done, key=lambda r: points[r.run_id]["best"][-1], default=None)
             loads = [v for p in points.values() for v in p["load_per_cpu"]]
