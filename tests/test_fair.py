@@ -76,12 +76,15 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     assert len(trials) == 1 and {r.info.status for r in trials} == {"FINISHED"}
     best = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
     assert all(2e-3 <= float(r.data.params["trainer.lr"]) <= 1e-2 for r in trials)
+    # a peft method, whose option sets its own default lr (the lr its study replaces)
+    assert study_cli.main([*search_args, "freeze=ia3"]) == 0
+    capsys.readouterr()
 
-    grid = ["--multirun", "experiment=fair", "freeze=none,features", "seed=1", *overrides]
+    grid = ["--multirun", "experiment=fair", "freeze=none,features,ia3", "seed=1", *overrides]
     proc = run_cli(*grid)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = {r.data.params["freeze.name"]: r for r in logged_runs(store, "paper")}
-    assert sorted(runs) == ["features", "none"]
+    assert sorted(runs) == ["features", "ia3", "none"]
     features, none = runs["features"], runs["none"]
     assert features.data.params["trainer.lr"] == best.data.params["trainer.lr"]
     assert features.data.tags[TUNED_TAG] == best.info.run_id
@@ -99,16 +102,22 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     # A rerun finds both finished, the tuned one at its tuned lr.
     proc = run_cli(*grid)
     said = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and said.count("skip_finished: identical") == 2, said[-3000:]
-    assert len(logged_runs(store, "paper")) == 2
+    assert proc.returncode == 0 and said.count("skip_finished: identical") == 3, said[-3000:]
+    assert len(logged_runs(store, "paper")) == 3
 
-    # One comparison: the head and the tuned lr are the strategy's own, not other settings.
+    # One comparison: the head and the tuned lrs are the strategies' own, not other settings,
+    # also where the lr a study replaced was a peft method's own default (ia3's 3e-3).
+    assert runs["ia3"].data.tags[RECIPE_LR_TAG] == "0.003"
     rep = report.make_report("paper", store)
     assert rep.summary.panel.nunique() == 1
     assert not [n for n in rep.notes if "different settings" in n]
-    row = rep.summary.set_index("strategy").loc["features"]
+    rows = rep.summary.set_index("strategy")
+    row = rows.loc["features"]
     assert row.lr == float(best.data.params["trainer.lr"]) and row.lr_from == "its lr study"
-    assert rep.summary.set_index("strategy").loc["none"].lr_from == "the recipe"
+    assert rows.loc["none"].lr_from == "the recipe"
+    assert rows.loc["ia3"].lr_from == "its lr study" and rows.loc["ia3"].delta_method != (
+        "no baseline run"
+    )
     # Its train time counts the frozen features' one-off computation.
     feat = rep.runs.set_index("freeze").loc["features"]
     epochs = MlflowClient(store).get_metric_history(feat.run_id, "epoch_time_s")

@@ -74,11 +74,12 @@ def own_keys(runs: pd.DataFrame) -> frozenset[str]:
 def compared(params: dict[str, str], own: frozenset[str], recipe_lr: str | None) -> dict[str, str]:
     """A run's settings as compared with the runs of other strategies: without the keys that
     are a strategy's own (``freeze.*`` and ``own``, from ``own_keys``), and with the recipe's lr
-    where the run's own lr study picked the lr (``recipe_lr``)."""
+    where the run's own lr study picked the lr (``recipe_lr``), unless the lr is a strategy's
+    own (a peft method's option sets its default lr: that recipe's lr is its own too)."""
     out = {
         k: v for k, v in settings(params).items() if not k.startswith("freeze.") and k not in own
     }
-    if isinstance(recipe_lr, str):
+    if isinstance(recipe_lr, str) and "trainer.lr" not in own:
         out["trainer.lr"] = recipe_lr
     return out
 
