@@ -17,11 +17,21 @@ LR_FROM_STUDY = "its lr study"
 LOADED = 1.25
 
 
+def busy_cpus(df: pd.DataFrame) -> pd.Series:
+    """Which runs (or summary rows) had more than ``LOADED`` runnable threads per CPU at an
+    epoch's end. Not recorded counts as not busy."""
+    return df.load_per_cpu > LOADED
+
+
+def shared_gpu(df: pd.DataFrame) -> pd.Series:
+    """Which runs shared their GPU with other jobs of their sweep (``jobs_on_gpu``)."""
+    return df.jobs_on_gpu > 1
+
+
 def loaded(df: pd.DataFrame) -> pd.Series:
-    """Which runs (or summary rows) were timed beside other work: a machine with more than
-    ``LOADED`` runnable threads per CPU at an epoch's end, or a GPU its sweep shared among
-    several jobs (``jobs_on_gpu``). Not recorded counts as not loaded."""
-    return (df.load_per_cpu > LOADED) | (df.jobs_on_gpu > 1)
+    """Which runs (or summary rows) were timed beside other work: ``busy_cpus`` or
+    ``shared_gpu``."""
+    return busy_cpus(df) | shared_gpu(df)
 
 
 def unloaded(cell: pd.DataFrame) -> pd.DataFrame:

@@ -18,8 +18,8 @@ from ablate import strategies
 from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import recipe
-from ablate.report.cell import LOADED, loaded, summary_row
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
+from ablate.report.cell import busy_cpus, loaded, shared_gpu, summary_row
 from ablate.report.load import Runs, describe_source, load_runs
 from ablate.report.stats import N_BOOT, Predictions
 from ablate.tracking.params import option_keys, settings
@@ -191,9 +191,9 @@ _SUMMARY_COLUMNS = [
 def _load_said(busy: pd.DataFrame) -> str:
     """How loaded ``busy``'s runs were: their machine's threads per CPU, their GPU's jobs."""
     said = []
-    if (busy.load_per_cpu > LOADED).any():
+    if busy_cpus(busy).any():
         said.append(f"up to {busy.load_per_cpu.max():.1f} runnable threads per CPU")
-    if (busy.jobs_on_gpu > 1).any():
+    if shared_gpu(busy).any():
         said.append(f"up to {busy.jobs_on_gpu.max():.0f} jobs sharing a GPU")
     return ", ".join(said)
 
