@@ -146,6 +146,9 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(
     assert pruned.info.status == "KILLED" and pruned.data.tags[PRUNED_TAG] == "true"
     assert pruned.data.tags[PRUNED_EPOCH_TAG] == "1"
     assert "best_dev_accuracy" in pruned.data.metrics  # it ended as a run does, then KILLED
+    ends = [line for f in tmp_path.rglob("*.log") for line in f.read_text().splitlines()]
+    assert sum("pruned by its lr study after epoch 1: dev accuracy" in e for e in ends) == 1
+    assert sum(" FINISHED: dev accuracy" in e for e in ends) == 2  # its log says so, too
     # a run tagged for a trial counts as its result only at the lr the trial drew: a new Optuna
     # storage (an archive imported elsewhere) numbers its trials afresh
     tagged = runs[3e-3].data.tags[TRIAL_TAG]

@@ -73,11 +73,20 @@ def main(cfg: DictConfig) -> float:
         if tracking.in_multirun():
             raise  # the sweep records this job as failed and goes on
         raise SystemExit(2) from None  # one line, no traceback, for a single run
+    from ablate.lrstudy import PRUNED_EPOCH_TAG, pruned
+
     uri = cfg.tracking.uri
     where = ui_links.where_to_browse(uri, run.experiment_id, run.id)
+    # a pruned trial's run ends as every run does; its study then marks it KILLED
+    ended = (
+        f"pruned by its lr study after epoch {run.tagged.get(PRUNED_EPOCH_TAG)}"
+        if pruned(run.tagged)
+        else "FINISHED"
+    )
     log.info(
-        "run %s FINISHED: dev %s %.4f, test %s %.4f. Store: %s (experiment %r); %s",
+        "run %s %s: dev %s %.4f, test %s %.4f. Store: %s (experiment %r); %s",
         tracking.run_name(cfg),
+        ended,
         primary,
         results[f"dev_{primary}"],
         primary,

@@ -90,6 +90,7 @@ class Run:
         self.experiment_id: str | None = None
         self._info: dict[str, Any] = {}
         self._monitor = None
+        self.tagged: dict[str, str] = {}  # the tags this job set (its end's line reads them)
 
     def artifacts(self, folder: str, path: str) -> None:
         self.journal.files(folder, path)
@@ -105,6 +106,7 @@ class Run:
                 self.journal.client.set_tag(parent, "ablate.heartbeat", now)
 
     def tags(self, tags: Mapping[str, Any]) -> None:
+        self.tagged.update({k: str(v) for k, v in tags.items()})
         self.journal.tags(tags)
 
     def model(self, folder: str, name: str) -> None:
