@@ -49,9 +49,15 @@ def _read_pickled(
 
 def _reader_version(read: Callable) -> str:
     """What a file's sentences depend on besides its bytes: the reader's module, the block
-    splitter readers share and the CoNLL-U parser's version."""
+    splitter readers share, this module (the label check around the reader: joblib watches
+    only the function it caches) and the CoNLL-U parser's version."""
     return "/".join(
-        (code_version(read), code_version(sentence_blocks), importlib.metadata.version("conllu"))
+        (
+            code_version(read),
+            code_version(sentence_blocks),
+            code_version(_read),
+            importlib.metadata.version("conllu"),
+        )
     )
 
 

@@ -301,16 +301,16 @@ def _widen(study: optuna.Study, lr_study: LrStudyConfig) -> bool:
 def summary(study: optuna.Study, trainer: TrainerCore) -> Summary:
     """What ``study`` did (its ended trials), of ``trainer.epochs`` each."""
     ended = study.get_trials(deepcopy=False, states=ENDED)
-    pruned = [t for t in ended if t.state == optuna.trial.TrialState.PRUNED]
+    cut = [t for t in ended if t.state == optuna.trial.TrialState.PRUNED]
     epochs = trainer.epochs
-    saved = sum(epochs - t.user_attrs.get("epochs", len(t.intermediate_values)) for t in pruned)
+    saved = sum(epochs - t.user_attrs.get("epochs", len(t.intermediate_values)) for t in cut)
     done = [t for t in ended if t.state == optuna.trial.TrialState.COMPLETE]
     best = max(done, key=lambda t: t.value).params["lr"] if done else None
     span = study.user_attrs["range"]
     return Summary(
         study.study_name,
         len(ended),
-        len(pruned),
+        len(cut),
         saved,
         epochs * len(ended),
         (span[0], span[1]),
