@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,7 +34,7 @@ from ablate.lrstudy import cli as study_cli
 from ablate.lrstudy import storage as lrstorage
 from ablate.server import control, members
 from ablate.server.credentials import read_credentials
-from ablate.server.postgres import STUDIES
+from ablate.server.postgres import STUDIES, client_env, study_url
 from ablate.server.service_user import SERVICE_USER
 from ablate.tracking import procs
 from ablate.tracking.auth import ENV_PASSWORD, ENV_USER, as_user
@@ -172,3 +173,46 @@ def test_a_reader_a_wrong_password_and_no_login_are_refused(team, slice_root, tm
     login(None)
     with pytest.raises(AblateError, match="needs your MLflow login"):
         lrstorage.open_study(cfg)
+
+
+def test_two_workers_seed_a_study_new_to_the_server_once(
+    team, slice_root, tmp_path, login, monkeypatch
+):
+    """A study whose trials' runs are in the server's store but not in its storage (as after an
+    archive's import into the team's store): two workers opening it at once seed it once; the
+    server's storage has no lock, so they elect the one that does."""
+    login(*team.ed)
+    args = [
+        *slice_overrides(slice_root, team.uri, tmp_path), "freeze=bitfit", "lr_study.trials=1",
+        "lr_study.pruner=none", "lr_study.widen=0", "trainer.epochs=1",
+        "lr_study.range=[1e-4,1e-2]", "tracking.experiment=seeded",
+    ]  # fmt: skip
+    assert study_cli.main(args) == 0
+    cfg = study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1])
+    name = lrstorage.study_name(cfg)
+    # as the server's own role, whose password file the server's clients read
+    monkeypatch.setenv("PGPASSFILE", client_env(team.folder)["PGPASSFILE"])
+    database = study_url(team.state["pg_port"])
+    optuna.delete_study(study_name=name, storage=database)  # its runs stay in the store
+
+    barrier, opened, failed = threading.Barrier(2), [], []
+
+    def worker() -> None:
+        barrier.wait()
+        try:
+            opened.append(lrstorage.open_study(cfg))
+        except Exception as exc:  # noqa: BLE001 (re-raised below, in the test's thread)
+            failed.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failed, failed
+    study = optuna.load_study(
+        study_name=name, storage=remote.TeamStorage(remote.discover(team.uri))
+    )
+    assert [t.state.name for t in study.trials] == ["COMPLETE"]  # seeded once, not twice
+    assert study.user_attrs["range"] == [1e-4, 1e-2]
+    assert study.user_attrs[lrstorage.SETTING_UP].count(":") == 2  # host:pid:token of one

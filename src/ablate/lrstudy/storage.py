@@ -8,6 +8,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import logging
+import os
+import socket
+import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +31,13 @@ if TYPE_CHECKING:
 
 # a study process on another host is dead after GRACE_S silent (the team server's storage too)
 HEARTBEAT_S, GRACE_S = remote.HEARTBEAT_S, remote.GRACE_S
+# A new study's set-up on a storage without a lock (``_elected``): the study attr naming the
+# worker that does it, how long a claim settles, how often the others look, and when a claim
+# that set nothing up is taken over (seeding takes seconds)
+SETTING_UP = "ablate.setting_up"
+ELECT_S, POLL_S, STALE_S = 2.0, 1.0, 300.0
+
+log = logging.getLogger(__name__)
 
 
 def storage_url(cfg: TrainCore) -> str:
@@ -88,8 +100,8 @@ def open_study(cfg: TrainCore) -> optuna.Study:
     seeded from its trials' runs in the tracking store (``ablate.lrstudy.seed``)."""
     name = study_name(cfg)
     url = storage_url(cfg)
-    lock = contextlib.nullcontext()
-    if url.startswith("sqlite:///"):
+    lock, locked = contextlib.nullcontext(), url.startswith("sqlite:///")
+    if locked:
         path = Path(url.removeprefix("sqlite:///"))
         path.parent.mkdir(parents=True, exist_ok=True)
         # workers starting together would each create a fresh file's tables ("table
@@ -106,15 +118,42 @@ def open_study(cfg: TrainCore) -> optuna.Study:
             pruner=pruner(cfg.lr_study),
             load_if_exists=True,
         )
-        if "range" not in study.user_attrs and not study.get_trials(deepcopy=False):
-            # new here: its trials' runs may be, after an archive's import (``seed``). Inside
-            # the sqlite lock: two workers starting together seed once. Another storage has no
-            # such lock: start one worker first there, the others once it trains.
-            seed(study, cfg)
-        elif "range" not in study.user_attrs:
-            study.set_user_attr("range", [float(x) for x in cfg.lr_study.range])
-            study.set_user_attr("widened", 0)
+        # new here: its trials' runs may be, after an archive's import (``seed``); one worker
+        # sets it up: inside the sqlite lock, else the one the others elect
+        if "range" not in study.user_attrs and (locked or _elected(study)):
+            if not study.get_trials(deepcopy=False):
+                seed(study, cfg)
+            else:
+                study.set_user_attr("range", [float(x) for x in cfg.lr_study.range])
+                study.set_user_attr("widened", 0)
     return study
+
+
+def _elected(study: optuna.Study) -> bool:
+    """Whether this worker sets up ``study`` (no ``range`` yet) on a storage without a lock
+    (PostgreSQL, a team server's); False once another one has. Optuna's storages have neither a
+    lock nor a compare-and-set, so the workers elect one: each that finds the study new and no
+    one setting it up writes its token into the study's ``SETTING_UP`` attr, waits ``ELECT_S``
+    and goes on only if its token is still there (the last to write). The others wait for the
+    range, and take over from a worker that holds it ``STALE_S`` without setting it up (killed
+    while it seeded)."""
+    token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    holder, since, said = None, time.monotonic(), None
+    while "range" not in (attrs := study.user_attrs):
+        held = attrs.get(SETTING_UP)
+        if held != holder:  # someone new holds it (or no one): its time starts now
+            holder, since = held, time.monotonic()
+        if held is None or time.monotonic() - since > STALE_S:
+            study.set_user_attr(SETTING_UP, token)
+            time.sleep(ELECT_S)
+            if study.user_attrs.get(SETTING_UP) == token:
+                return "range" not in study.user_attrs
+            continue
+        if said != held:
+            log.info("lr study %s: worker %s sets it up; waiting", study.study_name, held)
+            said = held
+        time.sleep(POLL_S)
+    return False
 
 
 def sampler(name: str, cfg: TrainCore, number: int = 0) -> optuna.samplers.TPESampler:
