@@ -23,6 +23,11 @@ def pruned(tags: Mapping[str, str]) -> bool:
     return tags.get(PRUNED_TAG) == "true"
 
 
+def run_ended(status: str, tags: Mapping[str, str]) -> bool:
+    """Whether a trial's run ended: it trained out (FINISHED) or its study pruned it."""
+    return status == "FINISHED" or pruned(tags)
+
+
 def trained_out(status: str, tags: Mapping[str, str]) -> bool:
     """Whether a run trained to its end: FINISHED and not pruned (a candidate for a study's
     best)."""

@@ -19,7 +19,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from ablate import tasks
-from ablate.lrstudy import PRUNED_EPOCH_TAG, RANGE_TAG, TRIAL_TAG, pruned
+from ablate.lrstudy import PRUNED_EPOCH_TAG, RANGE_TAG, TRIAL_TAG, pruned, run_ended
 from ablate.tracking.store import all_runs, schema_lock
 
 if TYPE_CHECKING:
@@ -41,13 +41,14 @@ def trial_runs(cfg: TrainCore, name: str, metric: str) -> list:
     # again exactly below
     pattern = f"{name}:%".replace("'", "\\'")
     runs = all_runs(client, exp.experiment_id, f"tags.{TRIAL_TAG} LIKE '{pattern}'")
-    ended = []
+    kept = []
     for r in runs:
         prefix, _, number = r.data.tags[TRIAL_TAG].rpartition(":")
-        done = r.info.status == "FINISHED" and f"best_dev_{metric}" in r.data.metrics
-        if prefix == name and number.isdigit() and (pruned(r.data.tags) or done):
-            ended.append((int(number), r.info.start_time, r))
-    return [r for *_, r in sorted(ended, key=lambda x: x[:2])]
+        # ended, and with its value where it trained out (a pruned trial has none)
+        valued = pruned(r.data.tags) or f"best_dev_{metric}" in r.data.metrics
+        if prefix == name and number.isdigit() and run_ended(r.info.status, r.data.tags) and valued:
+            kept.append((int(number), r.info.start_time, r))
+    return [r for *_, r in sorted(kept, key=lambda x: x[:2])]
 
 
 def _span(run) -> list[float] | None:

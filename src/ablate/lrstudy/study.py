@@ -46,7 +46,7 @@ from omegaconf import OmegaConf
 
 from ablate import tasks
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, TRIAL_ENV, TRIAL_TAG, pruned
+from ablate.lrstudy import PRUNED_EPOCH_TAG, TRIAL_ENV, TRIAL_TAG, pruned, run_ended
 from ablate.lrstudy.storage import open_study, sampler, storage_url
 from ablate.tracking import procs
 from ablate.tracking.store import prepare
@@ -216,7 +216,7 @@ def _run_of(tracking: TrackingConfig, name: str, numbers: list[int], lr: float):
     for n in numbers:
         for r in client.search_runs([exp.experiment_id], f"tags.{TRIAL_TAG} = '{name}:{n}'"):
             same_lr = math.isclose(float(r.data.params.get("trainer.lr", "nan")), lr, rel_tol=1e-9)
-            if same_lr and (r.info.status == "FINISHED" or pruned(r.data.tags)):
+            if same_lr and run_ended(r.info.status, r.data.tags):
                 return r
     return None
 
