@@ -154,4 +154,5 @@ def step_phase(name: str, what: str, spec: dict, said: str, args, state: dict) -
     state["phases"][name] = run_phase(name, cmd, args, state)
     with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
         state["probes"][name] = {"said": said, "results": json.loads(out.read_text())}
+        state["probes"][name]["platform"] = json.loads((work / "platform.json").read_text())
     gpu_table.write(args, state)

@@ -186,18 +186,27 @@ def import_times(modules: list[str], env: dict | None = None) -> dict:
     return times
 
 
-def probe(spec: dict) -> dict:
-    """Phase A0: versions, the attention kernels, import times."""
+def platform() -> dict:
+    """The device's name and the versions of torch, CUDA and transformers."""
     import torch
     import transformers
 
     cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
         "device": torch.cuda.get_device_name(0) if cuda else "CPU",
+    }
+
+
+def probe(spec: dict) -> dict:
+    """Phase A0: versions, the attention kernels, import times."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return {
+        **platform(),
         "attention": attention_kernels(device),
         "imports": import_times(spec["imports"]),
     }
@@ -307,16 +316,14 @@ def main(argv: list[str]) -> int:
     def save(result: dict) -> None:  # what a phase cut by the budget has measured stays
         Path(spec["out"]).write_text(json.dumps(result, indent=1))
 
-    if what == "loop":
-        loop(spec)
-    elif what == "probe":
-        save(probe(spec))
-    elif what == "step":
-        bare_steps(spec, save)
-    elif what == "concurrent":
-        concurrent(spec, Path(path).parent, save)
-    else:
-        raise SystemExit(f"gpu_step.py: unknown {what!r}; known: probe, step, concurrent, loop")
+    phases = {"probe": lambda: save(probe(spec)), "step": lambda: bare_steps(spec, save),
+              "concurrent": lambda: concurrent(spec, Path(path).parent, save),
+              "loop": lambda: loop(spec)}  # fmt: skip
+    if what not in phases:
+        raise SystemExit(f"gpu_step.py: unknown {what!r}; known: {', '.join(phases)}")
+    if what != "loop":  # each phase says where it ran, so a call of A2 or A3 alone names it
+        Path(spec["out"]).with_name("platform.json").write_text(json.dumps(platform()))
+    phases[what]()
     return 0
 
 

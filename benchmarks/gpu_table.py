@@ -336,8 +336,9 @@ def write(args, state: dict) -> str:
     profile = [r for f in sorted(work.glob("profile*")) if f.is_dir() for r in results(f)]
     a1_jobs = [r for f in sorted(work.glob("A1*")) if f.is_dir() for r in results(f)]
     meta = state["meta"]
-    if a0 := (state["probes"].get("A0") or {}).get("results"):
-        meta["device"] = f"{a0['device']}, torch {a0['torch']}, transformers {a0['transformers']}"
+    ran = [p.get("platform") for p in state["probes"].values() if p.get("platform")]
+    if ran:
+        meta["device"] = "{device}, torch {torch}, transformers {transformers}".format(**ran[0])
     for job in [*raw, *profile, *results(work / "grid-plain"), *a1_jobs]:
         meta["device"] = job["device"]
         break

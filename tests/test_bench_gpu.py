@@ -83,6 +83,8 @@ def _check_new_phases(logged: dict, jobs: dict, text: str) -> None:
     """What phases A0 to A3 and the table's best-plain and per-step columns wrote."""
     a0 = logged["A0"]["results"]
     assert a0["torch"] and a0["transformers"] and a0["device"] == "CPU" and a0["cuda"] is None
+    # each step phase says where it ran: a call of A2 or A3 alone names its device by it
+    assert {logged[p]["platform"]["device"] for p in ("A0", "A2", "A3")} == {"CPU"}
     cases = ("cuDNN on", "cuDNN on, padding mask", "cuDNN off", "cuDNN off, padding mask")
     assert tuple(a0["attention"]) == cases
     for case in cases:  # the CPU's attention ops, read by the profiler
