@@ -150,6 +150,9 @@ def a1_table(jobs: list[dict], summarise, name) -> str:
     return markdown_table(lines, A1_COLUMNS, right=A1_COLUMNS[1:])
 
 
+PACKAGES_SHOWN = 10  # A0's import table: the slowest packages, the rest summed
+
+
 def a0_text(a0: dict) -> str:
     """Phase A0's versions line, attention kernels and import times."""
     lines = [f"torch {a0['torch']} (CUDA {a0['cuda'] or '—'}), transformers "
@@ -159,6 +162,13 @@ def a0_text(a0: dict) -> str:
     lines += ["", markdown_table(kernels, ["attention", "kernels of one bf16 SDPA call"])]
     imports = [[m, f"{t['cold_s']:.2f}", f"{t['warm_s']:.2f}"] for m, t in a0["imports"].items()]
     lines += ["", markdown_table(imports, ["import", "first s", "again s"], right=[1, 2])]
+    if spent := a0.get("import_packages"):  # where the last module's import went
+        top = [[f"`{p}`", f"{s:.2f}"] for p, s in list(spent.items())[:PACKAGES_SHOWN]]
+        rest = sum(list(spent.values())[PACKAGES_SHOWN:])
+        top += [[f"{len(spent) - PACKAGES_SHOWN} others", f"{rest:.2f}"]] if rest else []
+        last = list(a0["imports"])[-1]
+        head = [f"package (`import {last}`, -X importtime)", "its modules' own s"]
+        lines += ["", markdown_table(top, head, right=[1])]
     return "\n".join(lines)
 
 

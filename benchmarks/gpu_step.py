@@ -4,7 +4,8 @@ spec's ``out`` as a JSON file.
 
 - ``probe`` (A0): versions, the kernels bf16 attention (``scaled_dot_product_attention``) runs
   with cuDNN's attention on and off, read from ``torch.profiler``; each of ``imports`` imported
-  twice in a fresh Python (the first pays a cold file cache, where it is cold).
+  twice in a fresh Python (the first pays a cold file cache, where it is cold), the last of
+  them once more under ``-X importtime``: its import time by top-level package.
 - ``step`` (A2): a bare training step (forward, backward, fused AdamW) of each model's shape,
   random weights built from its config, one fixed batch with no padding: eager, and the whole
   step captured as one CUDA graph (``torch.cuda.CUDAGraph``, AdamW ``capturable=True``, static
@@ -186,6 +187,20 @@ def import_times(modules: list[str], env: dict | None = None) -> dict:
     return times
 
 
+def import_packages(module: str, env: dict | None = None) -> dict[str, float]:
+    """Seconds of ``module``'s import in a fresh Python spent in each top-level package (the
+    modules' own times, ``-X importtime``, summed by package), the slowest first."""
+    cmd = [sys.executable, "-X", "importtime", "-c", f"import {module}"]
+    err = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True).stderr
+    spent: dict[str, float] = {}
+    for line in err.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[0].strip().isdigit():  # self us | cumulative us | name
+            package = parts[2].strip().split(".")[0]
+            spent[package] = spent.get(package, 0.0) + int(parts[0]) / 1e6
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
+
+
 def platform() -> dict:
     """The device's name and the versions of torch, CUDA and transformers."""
     import torch
@@ -209,6 +224,7 @@ def probe(spec: dict) -> dict:
         **platform(),
         "attention": attention_kernels(device),
         "imports": import_times(spec["imports"]),
+        "import_packages": import_packages(spec["imports"][-1]),
     }
 
 

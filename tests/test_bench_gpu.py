@@ -90,6 +90,9 @@ def _check_new_phases(logged: dict, jobs: dict, text: str) -> None:
     for case in cases:  # the CPU's attention ops, read by the profiler
         assert any("scaled_dot_product" in k for k in a0["attention"][case])
     assert set(a0["imports"]) == {"numpy"}  # the dry run's: torch's costs seconds
+    # its import by package: numpy's own modules take the most of numpy's import
+    assert next(iter(a0["import_packages"])) == "numpy" and a0["import_packages"]["numpy"] > 0
+    assert "| package (`import numpy`, -X importtime) | its modules' own s |" in text
     assert a0["imports"]["numpy"]["cold_s"] > 0 and a0["imports"]["numpy"]["warm_s"] > 0
     a1 = {j["recipe"]: j for j in logged["A1"]}
     assert set(a1) == {"best_plain_compiled"}
