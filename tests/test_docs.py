@@ -77,9 +77,10 @@ def test_each_published_run_rerun_so_far_gives_its_published_scores():
         assert [r for r in same if not r["same"]] == [], study
         said = docs.results.results_source(study)
         for freeze in {r["freeze"] for r in rows} - {r["freeze"] for r in same}:
-            new = any(r["published_lr"] is None for r in rows if r["freeze"] == freeze)
-            word = "New" if new else "Redone"
-            assert said.count(f"{word} so far: `{freeze}` at lr") == 1, study
+            mine = [r for r in rows if r["freeze"] == freeze]
+            new = mine[0]["published_lr"] is None
+            was = "new" if new else f"{mine[0]['published_lr']:.3g}"
+            assert said.count(f"| `{freeze}` | {mine[0]['lr']:.3g} | {was} |") == 1, study
         # one lr per strategy: a strategy redone at a new lr counts only its latest runs
         for freeze in {r["freeze"] for r in rows}:
             assert len({r["lr"] for r in rows if r["freeze"] == freeze}) == 1, (study, freeze)
@@ -88,7 +89,7 @@ def test_each_published_run_rerun_so_far_gives_its_published_scores():
             left = docs.results._still_to_run(study, {r["freeze"] for r in rows})
             assert not {r["freeze"] for r in rows} & set(left) and "none" in left + [
                 r["freeze"] for r in rows]  # fmt: skip
-            assert (f" Still to run: {', '.join(f'`{s}`' for s in left)}." in said) == bool(left)
+            assert (f"Still to run: {', '.join(f'`{s}`' for s in left)}." in said) == bool(left)
 
 
 def test_a_rerun_that_differs_from_its_published_row_is_named(tmp_path):

@@ -199,9 +199,9 @@ def _mean_pct(rows: list[dict], key: str) -> str:
 
 
 def _reruns_said(study: str) -> str:
-    """What the partial archive beside a page shows, in sentences; empty without one: the runs
-    rerun with their published recipe (equal to the last digit, or which differ), and the
-    strategies redone at another lr (their study searched again), against the published."""
+    """What the partial archive beside a page shows; empty without one: the runs rerun with
+    their published recipe (equal to the last digit, or which differ), a table of the strategies
+    redone at another lr (their study searched again) or new, and the strategies still to run."""
     folder = _dir(study)
     if not (folder / PARTIAL).is_dir():
         return ""
@@ -227,26 +227,39 @@ def _reruns_said(study: str) -> str:
                 )
                 + "."
             )
-    for freeze in sorted({r["freeze"] for r in found} - {r["freeze"] for r in same}):
-        rows = [r for r in found if r["freeze"] == freeze]
-        seeds = ", ".join(sorted(r["seed"] for r in rows))
-        if rows[0]["published_lr"] is None:  # a strategy the published study did not have
-            said += (
-                f" New so far: `{freeze}` at lr {rows[0]['lr']:.3g}, seeds {seeds}, archived in "
-                f"{where}: dev {_mean_pct(rows, 'dev')} %, test {_mean_pct(rows, 'test')} %, "
-                "means over those seeds."
-            )
-            continue
+    if table := _redone_table(found, {r["freeze"] for r in same}):
         said += (
-            f" Redone so far: `{freeze}` at lr {rows[0]['lr']:.3g} (published at "
-            f"{rows[0]['published_lr']:.3g}), seeds {seeds}, "
-            f"archived in {where}: dev {_mean_pct(rows, 'dev')} % (published "
-            f"{_mean_pct(rows, 'published_dev')}), test {_mean_pct(rows, 'test')} % (published "
-            f"{_mean_pct(rows, 'published_test')}), means over those seeds."
+            f" So far from today's code, each strategy at the lr its study picked again, archived "
+            f"in {where} (means over their seeds, the best dev accuracy first; `new`: a strategy "
+            f"the published study did not have):\n\n{table}\n\n"
         )
     if left := _still_to_run(study, {r["freeze"] for r in found}):
-        said += f" Still to run: {', '.join(f'`{s}`' for s in left)}."
+        sep = "\n\n" if table else " "
+        said = said.rstrip() + f"{sep}Still to run: {', '.join(f'`{s}`' for s in left)}."
     return said
+
+
+REDONE_COLUMNS = ["strategy", "lr", "published lr", "seeds", "dev accuracy (%)", "published dev",
+                  "test accuracy (%)", "published test"]  # fmt: skip
+
+
+def _redone_table(found: list[dict], same: set[str]) -> str:
+    """The strategies of ``found`` (``reruns``) not rerun at their published lr, one row each:
+    lr, seeds, dev and test against their published values (``new`` where the published study
+    did not have the strategy); empty where there are none."""
+    lines = []
+    for freeze in sorted({r["freeze"] for r in found} - same):  # ties keep this order
+        rows = [r for r in found if r["freeze"] == freeze]
+        was = rows[0]["published_lr"]
+        published = ["new", "—", "—"]  # a strategy the published study did not have
+        if was is not None:
+            published = [f"{was:.3g}", _mean_pct(rows, "published_dev"),
+                         _mean_pct(rows, "published_test")]  # fmt: skip
+        lines.append([f"`{freeze}`", f"{rows[0]['lr']:.3g}", published[0],
+                      ", ".join(sorted(r["seed"] for r in rows)), _mean_pct(rows, "dev"),
+                      published[1], _mean_pct(rows, "test"), published[2]])  # fmt: skip
+    lines.sort(key=lambda line: -float(line[4]) if line[4] != "?" else 0.0)
+    return markdown_table(lines, REDONE_COLUMNS, right=REDONE_COLUMNS[1:]) if lines else ""
 
 
 def _still_to_run(study: str, done: set[str]) -> list[str]:
