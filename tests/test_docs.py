@@ -75,6 +75,7 @@ def test_each_published_run_rerun_so_far_gives_its_published_scores():
         # says so, each strategy once; a strategy the published study lacked: new
         same = [r for r in rows if r["lr"] == r["published_lr"]]
         assert [r for r in same if not r["same"]] == [], study
+        assert all(r["trainable_params"] > 0 for r in rows), study  # its cost beside its score
         said = docs.results.results_source(study)
         for freeze in {r["freeze"] for r in rows} - {r["freeze"] for r in same}:
             mine = [r for r in rows if r["freeze"] == freeze]

@@ -171,6 +171,7 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
                 "published_dev": was["dev"],
                 "published_test": was["test"],
                 "lr": float(run.params["trainer.lr"]),
+                "trainable_params": last.get("trainable_params", (0, None))[1],
                 "published_lr": was["lr"],
                 "same": row is not None and (got["dev"], got["test"]) == (was["dev"], was["test"]),
             }
@@ -240,13 +241,13 @@ def _reruns_said(study: str) -> str:
 
 
 REDONE_COLUMNS = ["strategy", "lr", "published lr", "seeds", "dev accuracy (%)", "published dev",
-                  "test accuracy (%)", "published test"]  # fmt: skip
+                  "test accuracy (%)", "published test", "trainable params (M)"]  # fmt: skip
 
 
 def _redone_table(found: list[dict], same: set[str]) -> str:
     """The strategies of ``found`` (``reruns``) not rerun at their published lr, one row each:
     lr, seeds, dev and test against their published values (``new`` where the published study
-    did not have the strategy); empty where there are none."""
+    did not have the strategy), trainable parameters; empty where there are none."""
     lines = []
     for freeze in sorted({r["freeze"] for r in found} - same):  # ties keep this order
         rows = [r for r in found if r["freeze"] == freeze]
@@ -257,7 +258,9 @@ def _redone_table(found: list[dict], same: set[str]) -> str:
                          _mean_pct(rows, "published_test")]  # fmt: skip
         lines.append([f"`{freeze}`", f"{rows[0]['lr']:.3g}", published[0],
                       ", ".join(sorted(r["seed"] for r in rows)), _mean_pct(rows, "dev"),
-                      published[1], _mean_pct(rows, "test"), published[2]])  # fmt: skip
+                      published[1], _mean_pct(rows, "test"), published[2],
+                      millions(rows[0]["trainable_params"] / 1e6)
+                      if rows[0]["trainable_params"] is not None else "?"])  # fmt: skip
     lines.sort(key=lambda line: -float(line[4]) if line[4] != "?" else 0.0)
     return markdown_table(lines, REDONE_COLUMNS, right=REDONE_COLUMNS[1:]) if lines else ""
 
