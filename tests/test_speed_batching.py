@@ -229,7 +229,7 @@ def test_rounded_pack_layouts_hold_every_window_once_in_few_shapes():
     assert len(shapes[True]) * 4 < len(shapes[False])
 
 
-def test_round_shapes_is_on_for_bf16_on_cpu_unless_set(tmp_path, features, tokenizer):
+def test_round_shapes_is_on_for_bf16_on_cpu_and_compiled_unless_set(tmp_path, features, tokenizer):
     model, dev = build()[0].model, features["dev"]
 
     def rounding(*overrides):
@@ -238,6 +238,11 @@ def test_round_shapes_is_on_for_bf16_on_cpu_unless_set(tmp_path, features, token
 
     width = batching.SHAPE_WIDTH
     assert rounding() == "off"  # fp32: MKL has no per-shape cost, rounding would only pad
+    # compiled: every new shape is a compile (past torch's recompile limit the model runs eager)
+    assert rounding("trainer.compile=default").startswith(
+        f"training widths in multiples of {width}"
+    )
+    assert rounding("trainer.compile=default", "trainer.round_shapes=false") == "off"
     assert rounding("trainer.round_shapes=true").startswith(
         f"training widths in multiples of {width}"
     )

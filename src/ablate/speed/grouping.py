@@ -8,8 +8,9 @@ relative positions) fall back to ``split``: each batch computed as sub-batches o
 (``batching.split_by_length``), the same gradient at a per-sub-batch overhead. ``bucket`` forms
 the batches themselves from windows of similar length (``batching.LengthBucketSampler``): other
 batches, which cost accuracy early in training. ``off``: padded random batches.
-``round_shapes`` (null = on for bf16 on a CPU) keeps packed and split batches in few shapes, as
-oneDNN builds its bf16 kernels per shape (``batching.SHAPE_WIDTH``).
+``round_shapes`` (null = on for bf16 on a CPU and with ``trainer.compile``) keeps packed and split
+batches in few shapes, as oneDNN builds its bf16 kernels per shape and ``torch.compile`` compiles
+per shape (``batching.SHAPE_WIDTH``).
 """
 
 from __future__ import annotations
@@ -157,8 +158,10 @@ class LengthGrouping(Plugin):
             grouping, status = "split", f"split (pack: {why})"
         self.grouping = grouping
         rounding = ctx.value("trainer.round_shapes")
-        if rounding == "with bf16":
-            rounding = bf16_on_cpu(ctx.args)
+        if isinstance(rounding, str):  # null: on where each new shape costs a build or a compile
+            # (torch.compile past its recompile limit runs the model eagerly: shapes kept few)
+            compiled = ctx.value("trainer.compile") != "off"
+            rounding = compiled or (rounding.startswith("with bf16") and bf16_on_cpu(ctx.args))
         self.quantum = batching.SHAPE_WIDTH if rounding else None
         if grouping != "off":
             ctx.mixins.append(GroupingMixin)

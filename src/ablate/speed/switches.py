@@ -24,10 +24,11 @@ SPEED: list[Switch] = [
         "trainer.round_shapes",
         bool | None,
         None,
-        {"cpu": "with bf16", "cuda": False},
+        {"cpu": "with bf16 or compile", "cuda": "with compile"},
         SAME_MATH,
         "training batches in few shapes (widths in multiples of 32), since oneDNN builds its bf16 "
-        "kernels per shape; null = on for bf16 on a CPU",
+        "kernels per shape and `torch.compile` compiles per shape; null = on for bf16 on a CPU "
+        "and wherever `trainer.compile` is on",
         plugin="length_grouping",
     ),
     Switch(
