@@ -8,7 +8,8 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-from helpers.speed import NO_DROPOUT, build, compose, make_trainer, tiny_distilbert
+from helpers.runs import FakeRecorder
+from helpers.speed import NO_DROPOUT, TASK, build, compose, make_trainer, tiny_distilbert
 from transformers import DataCollatorForTokenClassification
 
 from ablate.data.encode import IGNORE, count_scored
@@ -256,6 +257,26 @@ def test_round_shapes_is_on_for_bf16_on_cpu_and_compiled_unless_set(tmp_path, fe
     assert tags["pack"].startswith(f"training widths in multiples of {width}; packed")
     assert tags["split"] == f"training widths in multiples of {width} (split parts)"
     assert tags["off"] == "not applied: length_grouping=off (pack and split only)"
+
+
+def test_a_strategy_whose_trainable_weights_change_trains_eagerly_under_compile(
+    tmp_path, features, tokenizer
+):
+    from ablate.training.fit import build_trainer
+
+    applied, cfg = build("freeze=gradual", "trainer.compile=default")
+    trainer, status = build_trainer(
+        cfg, TASK, applied, {"train": None, "dev": features["dev"]}, tokenizer, FakeRecorder(),
+        "cpu", str(tmp_path),
+    )  # fmt: skip
+    assert not trainer.args.torch_compile  # each epoch's unfreezing would recompile it
+    assert status["compile"].startswith("not applied: freeze=gradual trains eagerly (its ")
+    assert status["round_shapes"] == "off"  # nothing compiled: in fp32 rounding only pads
+    # a strategy whose trainable weights stay the same: compiled, its shapes rounded
+    kept = make_trainer(tmp_path, build()[0].model, None, features["dev"], tokenizer,
+                        "trainer.compile=default")  # fmt: skip
+    assert kept.args.torch_compile and "compile" not in kept.speed_status
+    assert kept.speed_status["round_shapes"] != "off"
 
 
 def test_models_pack_cannot_take_fall_back_to_split_batches(tmp_path, features, tokenizer):

@@ -160,7 +160,7 @@ class LengthGrouping(Plugin):
         rounding = ctx.value("trainer.round_shapes")
         if isinstance(rounding, str):  # null: on where each new shape costs a build or a compile
             # (torch.compile past its recompile limit runs the model eagerly: shapes kept few)
-            compiled = ctx.value("trainer.compile") != "off"
+            compiled = bool(ctx.args.torch_compile)  # the strategy's eager fallback counted
             rounding = compiled or (rounding.startswith("with bf16") and bf16_on_cpu(ctx.args))
         self.quantum = batching.SHAPE_WIDTH if rounding else None
         if grouping != "off":

@@ -5,12 +5,15 @@ kernel choice)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import torch
 
 from ablate.errors import AblateError
 from ablate.plugins import Context, Plugin
+
+log = logging.getLogger(__name__)
 
 
 def cpu_bf16() -> bool:
@@ -95,16 +98,24 @@ class Precision(Plugin):
         "trainer.attention_kernels",
     )
 
+    eager: str | None = None  # why a compile asked for does not apply to this run's strategy
+
     def check(self, ctx: Context) -> None:
         arguments(ctx.cfg.trainer, cuda=ctx.device == "cuda")
 
     def arguments(self, ctx: Context) -> dict[str, Any]:
-        return arguments(ctx.cfg.trainer, cuda=ctx.device == "cuda")
+        kwargs = arguments(ctx.cfg.trainer, cuda=ctx.device == "cuda")
+        if kwargs.get("torch_compile") and (why := ctx.applied.eager_only):
+            del kwargs["torch_compile"], kwargs["torch_compile_mode"]
+            self.eager = f"not applied: freeze={ctx.cfg.freeze.name} trains eagerly ({why})"
+            log.info("trainer.compile=%s: %s", ctx.cfg.trainer.compile, self.eager)
+        return kwargs
 
     def prepare(self, ctx: Context) -> dict[str, str]:
+        status = {"compile": self.eager} if self.eager else {}
         if ctx.device != "cuda":
-            return {}
+            return status
         if not ctx.cfg.trainer.attention_kernels:
-            return {"attention_kernels": "off"}
+            return {**status, "attention_kernels": "off"}
         ctx.mixins.append(AttentionKernelsMixin)
-        return {"attention_kernels": "flash, memory-efficient or math; no cuDNN"}
+        return {**status, "attention_kernels": "flash, memory-efficient or math; no cuDNN"}

@@ -87,7 +87,8 @@ SPEED: list[Switch] = [
         SAME_MATH,
         "the model through `torch.compile` in this mode (`default`, `reduce-overhead`: CUDA "
         "graphs, `max-autotune`): fewer kernel launches a step, after a compile per batch shape "
-        "(`round_shapes` keeps them few); `off` = eager",
+        "(`round_shapes` keeps them few); `off` = eager. `gradual`, whose trainable blocks change "
+        "each epoch, trains eagerly (the log says so)",
         plugin="precision",
         choices=("off", "default", "reduce-overhead", "max-autotune"),
         added=True,

@@ -35,6 +35,7 @@ class Applied:
     grad); otherwise the optimiser is built over exactly these (``build_optimizer``).
     ``callbacks``: factories called with the run's recorder, giving Trainer callbacks.
     ``artifacts``: artifact folder -> function that writes that folder's files into a directory.
+    ``eager_only``: why the model trains eagerly even under ``trainer.compile`` (None: compiled).
     """
 
     trainable_params: int
@@ -45,6 +46,7 @@ class Applied:
     param_groups: list[ParamGroup] | None = None
     callbacks: list[Callable[[Any], TrainerCallback]] = field(default_factory=list)
     artifacts: dict[str, Callable[[str], None]] = field(default_factory=dict)
+    eager_only: str | None = None
 
     @property
     def trainable_pct(self) -> float:

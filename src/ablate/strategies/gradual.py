@@ -75,4 +75,9 @@ def freeze_gradual(model: nn.Module, freeze: FreezeConfig) -> Applied:
     unfreezing = GradualUnfreezing(model, schedule)
     unfreezing.set_epoch(0)
     everything = ParamGroup("all", [name for name, _ in model.named_parameters()])
-    return describe(model, param_groups=[everything], callbacks=[unfreezing.with_run])
+    # each epoch's unfreezing changes what the compiled graph computes: a recompile per epoch and
+    # batch shape, and past torch's recompile limit the model runs eagerly anyway
+    eager = "its trainable blocks change every epoch, and each change would recompile the model"
+    return describe(
+        model, param_groups=[everything], callbacks=[unfreezing.with_run], eager_only=eager
+    )
