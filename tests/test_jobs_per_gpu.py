@@ -43,6 +43,8 @@ def test_auto_runs_one_job_on_a_cpu_and_several_per_gpu_within_memory_and_cpus()
     unbounded = _launcher(jobs_per_gpu=None, gpu_memory_per_job_gib=20)
     workers_, why = plan_workers(unbounded, cpus=16, free_mib=[139 * GIB])
     assert workers_ == 6 and "139 GiB free" in why and "6 jobs at once" in why
+    assert "NVIDIA's MPS" in why  # several jobs a GPU: the operator's option for them, named
+    assert "MPS" not in plan_workers(_launcher(), cpus=1, free_mib=[80 * GIB] * 2)[1]
     # an integer is that many; negative counts as joblib does
     assert plan_workers(_launcher(n_jobs=3), cpus=16, free_mib=[139 * GIB])[0] == 3
     assert plan_workers(_launcher(n_jobs=-1), cpus=16, free_mib=[])[0] == 16

@@ -106,10 +106,13 @@ def plan_workers(launcher, cpus: int | None = None, free_mib: list[int] | None =
     each = min(fixed, holds) if fixed else holds
     workers = len(free) * max(1, min(each, cpus // len(free)))
     how = f"jobs_per_gpu={fixed}, {per_job:g} GiB of free memory a job"
-    return workers, (
+    why = (
         f"n_jobs=auto: {len(free)} GPU(s) with {', '.join(f'{m / 1024:.0f}' for m in free)} GiB "
         f"free, {how}, {cpus} CPUs: {workers} jobs at once"
     )
+    if workers > len(free):  # the operator's choice, measured in docs/speed.md
+        why += " (several a GPU: NVIDIA's MPS daemon runs them side by side, docs/operations.md)"
+    return workers, why
 
 
 @functools.cache
