@@ -215,19 +215,17 @@ def _reruns_said(study: str) -> str:
         total = len(_csv(study, "runs.csv"))
         said = f" Rerun from today's code so far: {len(same)} of its {total} runs ({runs}), "
         said += f"archived in {where}; "
-        differ = [r for r in same if not r["same"]]
-        if not differ:
-            said += "each gives its published dev and test accuracy to the last digit."
-        else:
-            said += (
-                "these differ from their published scores: "
-                + "; ".join(
-                    f"{r['freeze']} s{r['seed']}: dev {r['dev']} (published {r['published_dev']}), "
-                    f"test {r['test']} (published {r['published_test']})"
-                    for r in differ
-                )
-                + "."
-            )
+        differ = "; ".join(
+            f"{r['freeze']} s{r['seed']}: dev {r['dev']} (published {r['published_dev']}), "
+            f"test {r['test']} (published {r['published_test']})"
+            for r in same
+            if not r["same"]
+        )
+        said += (
+            f"these differ from their published scores: {differ}."
+            if differ
+            else ("each gives its published dev and test accuracy to the last digit.")
+        )
     if table := _redone_table(found, {r["freeze"] for r in same}):
         said += (
             f" So far from today's code, each strategy at the lr its study picked again, archived "
@@ -251,11 +249,12 @@ def _redone_table(found: list[dict], same: set[str]) -> str:
     lines = []
     for freeze in sorted({r["freeze"] for r in found} - same):  # ties keep this order
         rows = [r for r in found if r["freeze"] == freeze]
-        was = rows[0]["published_lr"]
-        published = ["new", "—", "—"]  # a strategy the published study did not have
-        if was is not None:
-            published = [f"{was:.3g}", _mean_pct(rows, "published_dev"),
-                         _mean_pct(rows, "published_test")]  # fmt: skip
+        was = rows[0]["published_lr"]  # None: a strategy the published study did not have
+        published = (
+            ["new", "—", "—"]
+            if was is None
+            else [f"{was:.3g}", _mean_pct(rows, "published_dev"), _mean_pct(rows, "published_test")]
+        )
         lines.append([f"`{freeze}`", f"{rows[0]['lr']:.3g}", published[0],
                       ", ".join(sorted(r["seed"] for r in rows)), _mean_pct(rows, "dev"),
                       published[1], _mean_pct(rows, "test"), published[2],
@@ -329,17 +328,11 @@ def lr_pruning(study: str) -> str:
     return pruning({p.name: read(p) for p in found})
 
 
-def _best_dev(run) -> float:
-    return max(v for key, *_, v in run.metrics if key.startswith("best_dev_"))
-
-
 def lr_studies(study: str) -> str:
     """Per lr study in ``study``'s archive (``archive/``, else ``partial-archive/``): its trials
     and those pruned, the range they searched (each trial's, as it was drawn; the study widens
     between trials), its best lr and where it lies in that range, and the lr its strategy's
     runs trained at."""
-    import json
-
     from ablate.archive import read
     from ablate.lrstudy import RANGE_TAG, pruned, trained_out
     from ablate.lrstudy.study import interior, position
@@ -362,7 +355,9 @@ def lr_studies(study: str) -> str:
     for option, runs in sorted(trials.items()):
         cut = [r for r in runs if pruned(r.tags)]
         done = [r for r in runs if trained_out(r.info.get("status"), r.tags)]
-        value = {r.run_id: _best_dev(r) for r in done}
+        value = {
+            r.run_id: max(v for k, *_, v in r.metrics if k.startswith("best_dev_")) for r in done
+        }
         # of equal values the earliest, as the study's own pick
         best = max(done, key=lambda r: value[r.run_id], default=None)
         spans = [json.loads(r.tags[RANGE_TAG]) for r in runs if RANGE_TAG in r.tags]
