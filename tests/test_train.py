@@ -190,9 +190,8 @@ def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tm
     (parent,) = sweep_parents(store, "grid")
     assert parent.info.status == "FINISHED" and parent.data.tags["ablate.jobs"] == "4 FINISHED"
     assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
-    assert parent.info.run_name.startswith("sweep ") and "freeze=none,all,first2,alt" in (
-        parent.info.run_name
-    )
+    # what varies first: the UI's run-name column shows a name's start
+    assert parent.info.run_name.startswith("sweep freeze=none,all,first2,alt data=ud ")
     held = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/summary.md", "report/summary.csv", "report/accuracy.png"} <= held
     summary = client.download_artifacts(parent.info.run_id, "report/summary.csv", str(tmp_path))

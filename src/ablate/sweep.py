@@ -55,7 +55,11 @@ def _report_imports() -> None:
 
 
 def _sweep_name(config: DictConfig) -> str:
-    """``sweep <the overrides that vary or that every job shares>``, without where it goes."""
+    """``sweep <the overrides that vary, then those every job shares>``, without where it goes:
+    what tells sweeps apart first, where the UI's run-name column cuts a long name short."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     from ablate import config as schema
 
     identity = schema.flags("identity")
@@ -64,6 +68,12 @@ def _sweep_name(config: DictConfig) -> str:
         for o in config.hydra.overrides.task
         if identity.get(o.lstrip("+~").partition("=")[0], True)
     ]
+    try:
+        parsed = OverridesParser.create().parse_overrides(kept)
+        varies = {o for o, p in zip(kept, parsed, strict=True) if p.is_sweep_override()}
+        kept = [o for o in kept if o in varies] + [o for o in kept if o not in varies]
+    except HydraException:  # as typed: the sweep says what is wrong with it
+        pass
     return " ".join(["sweep", *kept])[:250]
 
 
