@@ -47,7 +47,7 @@ def test_charts_of_a_one_epoch_one_seed_grid_of_every_strategy_are_readable(repo
 
 def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(report_grid):
     runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
-    df = runs.runs.copy()
+    df = runs.runs.assign(busy_cpus_at_start=0.0)  # each started on an idle machine
     busy = (df.freeze == "none") & (df.seed == 1) | (df.freeze == "all")
     df.loc[busy, "load_per_cpu"] = 3.0
     df.loc[~busy, "load_per_cpu"] = 0.5
@@ -89,7 +89,7 @@ def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(r
 def test_times_of_jobs_that_shared_a_gpu_are_marked_as_a_loaded_machines(report_grid):
     runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
     assert "jobs_on_gpu" in runs.runs  # a metric the runs of a GPU sweep's workers log
-    df = runs.runs.assign(load_per_cpu=0.5)
+    df = runs.runs.assign(load_per_cpu=0.5, busy_cpus_at_start=0.0)
     df["jobs_on_gpu"] = (df.freeze == "all").map({True: 8.0, False: float("nan")})  # CPU: unset
     rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
     times = report.table(rep).set_index("strategy")["train time (s)"]
@@ -97,6 +97,21 @@ def test_times_of_jobs_that_shared_a_gpu_are_marked_as_a_loaded_machines(report_
     (note,) = [n for n in rep.notes if "loaded machine" in n]
     assert "up to 8 jobs sharing a GPU" in note and "threads per CPU" not in note
     assert rep.summary.set_index("strategy").loc["all"].jobs_on_gpu == 8
+
+
+def test_times_of_runs_that_started_beside_other_work_are_marked_as_a_loaded_machines(
+    report_grid,
+):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    assert "busy_cpus_at_start" in runs.runs  # sampled by trainer.omp_wait_policy=auto
+    # later epochs on an idle machine, but OpenMP chose to wait passively at the start
+    df = runs.runs.assign(load_per_cpu=0.5, busy_cpus_at_start=0.1)
+    df.loc[df.freeze == "all", "busy_cpus_at_start"] = 2.0
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    times = report.table(rep).set_index("strategy")["train time (s)"]
+    assert times["all"].endswith(" *") and not times["none"].endswith("*")
+    (note,) = [n for n in rep.notes if "loaded machine" in n]
+    assert "up to 2.0 CPUs busy at a run's start" in note and "threads per CPU" not in note
 
 
 def test_a_gpu_sweeps_workers_say_how_many_jobs_share_each_gpu(monkeypatch):

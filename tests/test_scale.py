@@ -45,6 +45,8 @@ def test_a_job_under_taskset_beside_a_busy_process_takes_one_thread_and_sleeps_w
     assert environment["torch_threads"] == 1  # the affinity mask, not the machine's CPUs
     # its core is shared: OpenMP's threads sleep when idle (set before torch loaded it)
     assert environment["omp_wait_policy"].startswith("PASSIVE (auto: "), environment
+    # ... which its time carries: the report counts it as timed beside other work
+    assert run.data.metrics["busy_cpus_at_start"] >= 0.5
 
 
 def test_slurm_cpus_per_task_caps_the_threads(monkeypatch):

@@ -50,7 +50,7 @@ def test_a_sweeps_jobs_run_in_workers_forked_from_the_preloaded_sweep(
     # the same numbers as the report grid's runs, the same jobs run one after another in its
     # sweep's own process (all but the times and what the machine did meanwhile)
     def scores(found):
-        machine = ("_s", "load_per_cpu", "peak_rss_mb")
+        machine = ("_s", "load_per_cpu", "busy_cpus_at_start", "peak_rss_mb")
         return {
             (r.data.params["freeze.name"], r.data.params["seed"]): {
                 k: v

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.report.stats import Predictions, bootstrap_interval, t_interval
+from ablate.training.resources import PASSIVE_FROM
 
 # summary.csv's lr_from where every run of a strategy trained at its own study's lr.
 LR_FROM_STUDY = "its lr study"
@@ -23,15 +24,22 @@ def busy_cpus(df: pd.DataFrame) -> pd.Series:
     return df.load_per_cpu > LOADED
 
 
+def busy_at_start(df: pd.DataFrame) -> pd.Series:
+    """Which runs started while other work kept CPUs busy: OpenMP then waits passively for the
+    whole run (``trainer.omp_wait_policy=auto``), which slows it on the machine it has to itself
+    afterwards (small kernels most: a BiLSTM head's epochs 3-4x)."""
+    return df.busy_cpus_at_start >= PASSIVE_FROM
+
+
 def shared_gpu(df: pd.DataFrame) -> pd.Series:
     """Which runs shared their GPU with other jobs of their sweep (``jobs_on_gpu``)."""
     return df.jobs_on_gpu > 1
 
 
 def loaded(df: pd.DataFrame) -> pd.Series:
-    """Which runs (or summary rows) were timed beside other work: ``busy_cpus`` or
-    ``shared_gpu``."""
-    return busy_cpus(df) | shared_gpu(df)
+    """Which runs (or summary rows) were timed beside other work: ``busy_cpus``,
+    ``busy_at_start`` or ``shared_gpu``."""
+    return busy_cpus(df) | busy_at_start(df) | shared_gpu(df)
 
 
 def unloaded(cell: pd.DataFrame) -> pd.DataFrame:
@@ -81,6 +89,7 @@ def summary_row(
         "train_flops": cell.train_flops.mean(),
         "load_per_cpu": timed.load_per_cpu.max(),
         "jobs_on_gpu": timed.jobs_on_gpu.max(),
+        "busy_cpus_at_start": timed.busy_cpus_at_start.max(),
     }
     if n >= 3:
         _, lo, hi = t_interval(dev)

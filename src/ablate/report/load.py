@@ -45,6 +45,7 @@ _RUN_METRICS = {
     "test_words": "test_words",
     "cache_frozen_time_s": "cache_frozen_time_s",
     "jobs_on_gpu": "jobs_on_gpu",
+    "busy_cpus_at_start": "busy_cpus_at_start",
 }
 
 

@@ -19,7 +19,7 @@ from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import recipe
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
-from ablate.report.cell import busy_cpus, loaded, shared_gpu, summary_row
+from ablate.report.cell import busy_at_start, busy_cpus, loaded, shared_gpu, summary_row
 from ablate.report.load import Runs, describe_source, load_runs
 from ablate.report.stats import N_BOOT, Predictions
 from ablate.tracking.params import option_keys, settings
@@ -183,7 +183,7 @@ _SUMMARY_COLUMNS = [
     "trainable_params_m", "total_params_m", "param_savings_pct",
     "train_time_s", "train_time_s_std", "timed_seeds", "time_savings_pct", "trainer_runtime_s",
     "wall_s", "peak_rss_mb", "train_flops", "load_per_cpu",
-    "jobs_on_gpu",
+    "jobs_on_gpu", "busy_cpus_at_start",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
 ]  # fmt: skip
 
@@ -193,6 +193,11 @@ def _load_said(busy: pd.DataFrame) -> str:
     said = []
     if busy_cpus(busy).any():
         said.append(f"up to {busy.load_per_cpu.max():.1f} runnable threads per CPU")
+    if busy_at_start(busy).any():
+        said.append(
+            f"other work keeping up to {busy.busy_cpus_at_start.max():.1f} CPUs busy at a run's "
+            "start (its OpenMP then waited passively throughout)"
+        )
     if shared_gpu(busy).any():
         said.append(f"up to {busy.jobs_on_gpu.max():.0f} jobs sharing a GPU")
     return ", ".join(said)

@@ -23,7 +23,7 @@ from ablate.training.callbacks import EpochLogger, SendEvaluated, dev_history
 from ablate.training.meter import CountingCollator, SpeedMeter
 from ablate.training.prepare import Prepared
 from ablate.training.recorder import Recorder
-from ablate.training.resources import jobs_on_gpu, launcher_workers, peak_rss_mb
+from ablate.training.resources import busy_at_start, jobs_on_gpu, launcher_workers, peak_rss_mb
 from ablate.training.trainer import CoreTrainer, trainer_class
 
 if TYPE_CHECKING:
@@ -121,6 +121,8 @@ def record_inputs(data: DataCore, prep: Prepared, record: Recorder) -> dict[str,
     )
     if (sharing := jobs_on_gpu(prep.device)) > 1:  # its times are not its own (the report's *)
         record.metrics({"jobs_on_gpu": sharing})
+    if (busy := busy_at_start()) is not None:  # from PASSIVE_FROM on, OpenMP waits passively
+        record.metrics({"busy_cpus_at_start": busy})
     stats = prep.encoded.stats  # only what happened: a zero count is no news
     record.metrics({f"{s}_{k}": v for s, c in stats.items() for k, v in c.items() if v})
     counts = {f"{s}_sentences": len(sents) for s, sents in prep.sentences.items()}

@@ -283,8 +283,9 @@ def set_wait_policy(trainer: TrainerCore) -> str:
     if "torch" not in sys.modules:  # OpenMP loads with torch: this process's policy is set here
         why = policy
         if policy == "auto":
-            busy = busy_cpus()
-            shared = busy >= 0.5
+            global _busy_at_start
+            busy = _busy_at_start = busy_cpus()
+            shared = busy >= PASSIVE_FROM
             why = f"auto: {busy:.1f} of {usable_cpus()} CPUs busy with other work at the start"
             policy = "passive" if shared else "inherit"
         if policy == "passive":
@@ -297,6 +298,15 @@ def set_wait_policy(trainer: TrainerCore) -> str:
 
 
 _loaded_with: str | None = None  # OMP_WAIT_POLICY as this process's OpenMP read it, and why
+_busy_at_start: float | None = None  # what ``auto`` sampled then
+# CPUs kept busy by other work at the start from which ``auto`` waits passively
+PASSIVE_FROM = 0.5
+
+
+def busy_at_start() -> float | None:
+    """How many CPUs other work kept busy as this process's OpenMP loaded, where
+    ``trainer.omp_wait_policy=auto`` sampled it (a sweep's workers inherit its sample)."""
+    return _busy_at_start
 
 
 def peak_rss_mb() -> float:
