@@ -46,6 +46,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="naija")
     parser.add_argument("--model", default="minilm")
+    parser.add_argument("--freeze", default="none", help="the strategy every variant trains")
     parser.add_argument("--train-sentences", type=int, default=400)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1)
@@ -62,7 +63,8 @@ def main() -> int:
         treebank = write_slice(args.data, work / "data", sizes)
         common = [
             "data=ud", f"data.treebank={treebank}", f"data.root={work / 'data'}",
-            f"model={args.model}", f"trainer.epochs={args.epochs}", f"trainer.threads={threads}",
+            f"model={args.model}", f"freeze={args.freeze}", f"trainer.epochs={args.epochs}",
+            f"trainer.threads={threads}",
             f"tracking.uri={default_tracking_uri()}", "tracking.experiment=ablate-contention",
         ]  # fmt: skip
         compose(common)  # a bad option fails here, not in a child
@@ -76,7 +78,7 @@ def main() -> int:
                     )
                     time.sleep(3)  # at full speed before the job starts
                 try:
-                    for name, recipe, policy in VARIANTS:
+                    for name, recipe, policy in variants(args):
                         spec = {
                             "recipe": recipe, "config": "full", "bench_id": f"contention-{r}",
                             "result": str(work / "job.json"),
@@ -98,11 +100,18 @@ def main() -> int:
     return 0
 
 
+def variants(args) -> tuple:
+    """What runs: the plain recipe trains ``none`` only (no other strategy's head)."""
+    return VARIANTS if args.freeze == "none" else VARIANTS[1:]
+
+
 def table(times, threads: int, args, load_start: float) -> str:
     """Markdown: per variant, s/epoch alone and beside the neighbour, and their ratio."""
-    plain_alone = statistics.mean(times[(VARIANTS[0][0], False)])
+    first = variants(args)[0][0]
+    base_alone = statistics.mean(times[(first, False)])
     caption = (
-        f"{args.model} on {args.data} ({args.train_sentences} train sentences), {args.epochs} "
+        f"{args.model}, freeze={args.freeze}, on {args.data} ({args.train_sentences} train "
+        f"sentences), {args.epochs} "
         f"epoch(s), {threads} threads, mean of {args.repeats}; neighbour: a torch job on all "
         f"{threads} CPUs. Load average {load_start:.1f} at the start (the neighbour's own load "
         "during its half). Command: `python benchmarks/contention.py "
@@ -110,14 +119,14 @@ def table(times, threads: int, args, load_start: float) -> str:
         + "`"
     )
     columns = ["recipe", "alone, s/epoch", "beside a busy job, s/epoch"]
-    columns += ["slowdown beside it (2x = its share)", "alone vs plain alone"]
+    columns += ["slowdown beside it (2x = its share)", f"alone vs {first.split(' (')[0]} alone"]
     rows = []
-    for name, *_ in VARIANTS:
+    for name, *_ in variants(args):
         alone = statistics.mean(times[(name, False)])
         beside = statistics.mean(times[(name, True)])
         rows.append(
             [name, f"{alone:.1f}", f"{beside:.1f}", f"{beside / alone:.2f}x"]
-            + [f"{alone / plain_alone:.2f}x"]
+            + [f"{alone / base_alone:.2f}x"]
         )
     return f"{caption}\n\n{markdown_table(rows, columns, right=columns[1:])}"
 
