@@ -106,8 +106,8 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
 
 
 LOADED_MARK = (
-    "*: timed only on a loaded machine (more runnable threads than CPUs, or a GPU shared with "
-    "other jobs): compare with care."
+    "*: timed only on a loaded machine (more runnable threads than CPUs, other work busy as it "
+    "started, or a GPU shared with other jobs): compare with care."
 )
 
 
