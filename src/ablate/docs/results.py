@@ -224,7 +224,7 @@ def _reruns_said(study: str) -> str:
         said += (
             f"these differ from their published scores: {differ}."
             if differ
-            else ("each gives its published dev and test accuracy to the last digit.")
+            else "each gives its published dev and test accuracy to the last digit."
         )
     if table := _redone_table(found, {r["freeze"] for r in same}):
         said += (

@@ -274,7 +274,7 @@ def set_wait_policy(trainer: TrainerCore) -> str:
 
     from ablate.errors import AblateError
 
-    global _loaded_with
+    global _loaded_with, _busy_at_start
     policy = trainer.omp_wait_policy
     if policy not in WAIT_POLICIES:
         raise AblateError(
@@ -283,7 +283,6 @@ def set_wait_policy(trainer: TrainerCore) -> str:
     if "torch" not in sys.modules:  # OpenMP loads with torch: this process's policy is set here
         why = policy
         if policy == "auto":
-            global _busy_at_start
             busy = _busy_at_start = busy_cpus()
             shared = busy >= PASSIVE_FROM
             why = f"auto: {busy:.1f} of {usable_cpus()} CPUs busy with other work at the start"
