@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 from helpers.runs import compose_cfg, run_cli, slice_overrides
 from helpers.store import logged_runs
@@ -16,13 +15,12 @@ from ablate.tracking.params import OPTION_KEYS_TAG, option_keys
 
 
 def test_a_report_reads_each_strategys_own_keys_as_its_runs_recorded_them():
-    runs = pd.DataFrame({"freeze": ["features", "lora", "none"],
-                         "option_keys": ["model.head", None, ""]})  # fmt: skip
-    # recorded when the run ran (features: only its head, whatever conf/ says today); lora
-    # recorded none, so today's conf/ says: its option file sets its own default lr
-    assert report.summary.own_keys(runs) == {"model.head", "trainer.lr"}
-    older = runs.assign(option_keys=[None, None, None])
-    assert report.summary.own_keys(older) == {"model.head", "trainer.cache_frozen", "trainer.lr"}
+    # recorded when the run ran (features: only its head, whatever conf/ says today)
+    assert report.summary.own_keys("features", "model.head") == {"model.head"}
+    assert report.summary.own_keys("none", "") == set()
+    # lora recorded none, so today's conf/ says: its option file sets its own default lr
+    assert report.summary.own_keys("lora", None) == {"trainer.lr"}
+    assert report.summary.own_keys("features", None) == {"model.head", "trainer.cache_frozen"}
 
 
 def test_the_fair_preset_composes_the_naija_grid_and_its_studies():

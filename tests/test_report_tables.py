@@ -147,6 +147,41 @@ def test_other_settings_make_their_own_table_and_reruns_are_left_out(report_grid
     assert "## UD_Naija-Slice — model tiny, 2 epochs\n" in md
 
 
+def test_a_key_one_strategy_owns_still_tells_the_others_groups_apart(report_grid):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    df, params = runs.runs, dict(runs.params)
+    lr = params[df.run_id[0]]["trainer.lr"]
+
+    def copy(source: str, run_id: str, freeze: str, own: str, **changed: str) -> pd.DataFrame:
+        row = df[(df.freeze == source) & (df.seed == 1)].copy()
+        row["run_id"], row["freeze"], row["option_keys"] = run_id, freeze, own
+        row["start_time"] = df.start_time.max() + pd.Timedelta(minutes=len(params))
+        params[run_id] = {**params[df.run_id[row.index[0]]], "freeze.name": freeze, **changed}
+        return row
+
+    # the grid's sweep again with a peft method, whose option sets its own lr; first2 alone at
+    # another lr
+    lora = copy("none", "lora", "lora", "trainer.lr", **{"trainer.lr": "0.0005"})
+    other = copy("all", "first2", "first2", "", **{"trainer.lr": "0.0001"}).assign(sweep_dir=None)
+    rep = report.build(report.Runs(pd.concat([df, lora, other]), runs.history, params, runs.source))
+    panels = rep.runs.groupby("panel").freeze.apply(set).to_dict()
+    # the lr lora owns is not compared, first2's lr is: first2 is not compared with none; lora
+    # fits both groups and joins the one of its own sweep
+    assert panels == {
+        f"UD_Naija-Slice · lr={lr}": {"none", "all", "lora"},
+        "UD_Naija-Slice · lr=0.0001": {"first2"},
+    }
+    # run outside that sweep, it fits both and says so instead of joining one
+    alone = lora.assign(sweep_dir=None)
+    rep = report.build(
+        report.Runs(pd.concat([df, alone, other]), runs.history, params, runs.source)
+    )
+    (reason,) = rep.excluded[(rep.excluded.freeze == "lora") & (rep.excluded.seed == 1)].reason
+    assert reason.startswith(f"fits 2 groups of settings (lr={lr}; lr=0.0001), none by its own")
+    assert "its option sets trainer.lr itself" in reason
+    assert "lora" not in set(rep.runs.run_id)
+
+
 def test_strategy_order():
     names = ["zeta", "gradual", "lora", "all", "alpha", "none", "first4", "bitfit", "embeddings"]
     assert report.strategy_order(names) == [

@@ -55,33 +55,73 @@ class Report:
     baseline: str = BASELINE
 
 
-def own_keys(runs: pd.DataFrame) -> frozenset[str]:
-    """The keys outside ``freeze.*`` that the strategies of ``runs`` bring (a ``features`` run's
-    head differs from the others' by design): as each run recorded them when it ran, else (a run
-    made before runs recorded them) as today's ``conf/`` composes its option."""
-    keys: set[str] = set()
-    for freeze, recorded in (
-        runs[["freeze", "option_keys"]].drop_duplicates().itertuples(index=False)
-    ):
-        keys |= (
-            set(filter(None, recorded.split(",")))
-            if isinstance(recorded, str)
-            else (option_keys(freeze))
-        )
-    return frozenset(keys)
+def own_keys(freeze: str, recorded: object) -> frozenset[str]:
+    """The keys outside ``freeze.*`` that a run's strategy brings (a ``features`` run's head
+    differs from the others' by design, a peft method sets its own lr): as the run recorded them
+    when it ran (``recorded``, its tag), else (a run made before runs recorded them) as today's
+    ``conf/`` composes its option."""
+    if isinstance(recorded, str):
+        return frozenset(filter(None, recorded.split(",")))
+    return option_keys(freeze)
 
 
 def compared(params: dict[str, str], own: frozenset[str], recipe_lr: str | None) -> dict[str, str]:
     """A run's settings as compared with the runs of other strategies: without the keys that
-    are a strategy's own (``freeze.*`` and ``own``, from ``own_keys``), and with the recipe's lr
-    where the run's own lr study picked the lr (``recipe_lr``), unless the lr is a strategy's
-    own (a peft method's option sets its default lr: that recipe's lr is its own too)."""
+    are its strategy's own (``freeze.*`` and ``own``, from ``own_keys``), which match any value,
+    and with the recipe's lr where the run's own lr study picked the lr (``recipe_lr``), unless
+    the lr is its strategy's own (a peft method's option sets its default lr)."""
     out = {
         k: v for k, v in settings(params).items() if not k.startswith("freeze.") and k not in own
     }
     if isinstance(recipe_lr, str) and "trainer.lr" not in own:
         out["trainer.lr"] = recipe_lr
     return out
+
+
+def _matches(a: dict[str, str], b: dict[str, str]) -> bool:
+    """Whether two runs' ``compared`` settings agree where both have the key (a key one lacks is
+    that run's strategy's own)."""
+    return all(b[k] == v for k, v in a.items() if k in b)
+
+
+def _groups(ok: pd.DataFrame, params: dict[str, dict[str, str]]) -> tuple[dict, dict]:
+    """The runs' groups of equal settings: each run's group's settings (``compared``, the keys a
+    strategy owns filled in by the group's other runs), and the runs that fit several groups,
+    with the reason. The strategies that own no key form the groups first; a run whose strategy
+    owns a key then joins the one group that agrees with it on every other key, or where several
+    do, the one that holds runs of its own sweep."""
+    own = {r.run_id: own_keys(r.freeze, r.option_keys) for r in ok.itertuples()}
+    sweep = dict(zip(ok.run_id, ok.sweep_dir, strict=True))
+    mine = {
+        r.run_id: compared(params[r.run_id], own[r.run_id], r.recipe_lr) for r in ok.itertuples()
+    }
+    groups: list[dict[str, str]] = []
+    sweeps: list[set] = []
+    member: dict[str, int] = {}
+    ambiguous: dict[str, str] = {}
+    for run_id in sorted(mine, key=lambda r: bool(own[r])):  # stable: in start order within
+        fits = [i for i, g in enumerate(groups) if _matches(mine[run_id], g)]
+        if len(fits) > 1:
+            same = [
+                i for i in fits if isinstance(sweep[run_id], str) and sweep[run_id] in sweeps[i]
+            ]
+            if len(same) != 1:
+                apart = _group_labels({str(i): groups[i] for i in fits}).values()
+                ambiguous[run_id] = (
+                    f"fits {len(fits)} groups of settings ({'; '.join(apart)}), none by its own "
+                    f"sweep: its option sets {', '.join(sorted(own[run_id]))} itself; report "
+                    "each group apart (--sweep DIR, or another experiment)"
+                )
+                continue
+            fits = same
+        if fits:
+            groups[fits[0]].update(mine[run_id])
+        else:
+            groups.append(dict(mine[run_id]))
+            sweeps.append(set())
+        member[run_id] = fits[0] if fits else len(groups) - 1
+        sweeps[member[run_id]].add(sweep[run_id])
+    return {r: groups[i] for r, i in member.items()}, ambiguous
 
 
 def _diff(a: dict[str, str], b: dict[str, str]) -> str:
@@ -119,18 +159,19 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     # Runs are compared only within a group of equal settings (every setting but the seed and
     # the strategy's own keys): one table per group, never a mean across groups.
     ok = df[~df.run_id.isin(reasons)]
-    own = own_keys(ok)
-    shared = {r.run_id: compared(runs.params[r.run_id], own, r.recipe_lr) for r in ok.itertuples()}
+    shared, ambiguous = _groups(ok, runs.params)
+    reasons.update(ambiguous)
     # groups told apart within a dataset and model: those differ between panels anyway
     labels = {
         (data, model, g): label
-        for (data, model), part in ok.groupby(["data", "model"])
+        for (data, model), part in ok[ok.run_id.isin(shared)].groupby(["data", "model"])
         for g, label in _group_labels({r: shared[r] for r in part.run_id}).items()
     }
     df["group"] = [
         labels.get((r.data, r.model, json.dumps(shared.get(r.run_id), sort_keys=True)))
         for r in df.itertuples()
     ]
+    df["compared"] = [shared.get(r) for r in df.run_id]
     ok = df[~df.run_id.isin(reasons)]
     # Within a group, the seeds of one strategy also share its own keys; the latest run decides
     # (a variant under the same name, freeze.embeddings=true say, is not one of its seeds).
@@ -229,8 +270,7 @@ def build(
     rows, notes = [], []
     for (panel, data, model), group in used.groupby(["panel", "data", "model"], sort=True):
         first = group.iloc[0]
-        shared = compared(runs.params[first.run_id], own_keys(used), first.recipe_lr)
-        described = recipe.describe(shared, data, model, name_model=named)
+        described = recipe.describe(first.compared, data, model, name_model=named)
         base = group[group.freeze == baseline]
         if base.empty:
             notes.append(f"{panel}: no `{baseline}` run, so no savings or Δ vs baseline.")
@@ -298,12 +338,14 @@ def _differing_settings(group: pd.DataFrame, params: dict[str, dict[str, str]]) 
     """Settings that differ between the strategies of one panel, e.g. runs from two grids; each
     strategy's own keys (``compared``) differ by design and are not named."""
     latest = {s: group[group.freeze == s].iloc[-1] for s in strategy_order(group.freeze)}
-    own = own_keys(group)
-    by_strategy = {s: compared(params[r.run_id], own, r.recipe_lr) for s, r in latest.items()}
+    by_strategy = {
+        s: compared(params[r.run_id], own_keys(r.freeze, r.option_keys), r.recipe_lr)
+        for s, r in latest.items()
+    }
     keys = {k for p in by_strategy.values() for k in p}
     parts = []
     for key in sorted(keys):
-        values = {s: p.get(key, "-") for s, p in by_strategy.items()}
+        values = {s: p[key] for s, p in by_strategy.items() if key in p}
         if len(set(values.values())) > 1:
             parts.append(f"{key} ({', '.join(f'{s}: {v}' for s, v in values.items())})")
     return "; ".join(parts)
