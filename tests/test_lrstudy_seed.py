@@ -85,6 +85,14 @@ def test_a_widened_study_is_seeded_with_its_widest_range_and_its_widenings(slice
     assert study.trials[1].value == 0.7 and study.trials[4].intermediate_values == {1: 0.1}
     # opened again (another worker): seeded once
     assert len(lrstorage.open_study(cfg).trials) == 5
+
+    # a seeding killed after its first two trials, before the range: the next one finishes it
+    cut = optuna.create_study(storage=(url := f"sqlite:///{tmp_path / 'cut.db'}"), study_name=name)
+    cut.add_trials(study.trials[:2])
+    cfg.lr_study.storage = url
+    again = lrstorage.open_study(cfg)
+    assert again.user_attrs == {"range": [1e-6, 1e-2], "widened": 2}
+    assert [(t.number, t.state, t.params.get("lr")) for t in again.trials] == states
     assert widenings([1e-5, 1e-3], [1e-5, 1e-3]) == 0
     assert widenings([1e-5, 1e-3], [1e-7, 1e-2]) == 3
     assert widenings([1e-5, 1e-3], [1e-5, 5e-3]) is None  # no widening of the study's range

@@ -100,9 +100,11 @@ def _trial(run, cfg: TrainCore, configured: list[float], metric: str, client: Ml
 
 
 def seed(study: optuna.Study, cfg: TrainCore) -> None:
-    """Add to ``study`` (new, no trials yet) a trial per ended run of its trials in the tracking
-    store, and set its ``range`` and ``widened``: the configured range, or the widest one those
-    runs were drawn from (a widening widens it for every later trial).
+    """Add to ``study`` (new: no ``range`` yet) a trial per ended run of its trials in the
+    tracking store, and set its ``range`` and ``widened``: the configured range, or the widest one
+    those runs were drawn from (a widening widens it for every later trial). The ``range`` comes
+    last: a seeding killed before it is finished by the next one, which adds only the trials
+    after those already there (Optuna adds a trial per transaction).
 
     Each run's trial gets the number in its tag: a number no ended run holds (a failed trial, a
     retried one) becomes a FAIL trial, so a trial asked later is numbered after them all and its
@@ -134,7 +136,7 @@ def seed(study: optuna.Study, cfg: TrainCore) -> None:
                 gap = {"seeded_gap": True}
                 trials.append(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs=gap))
         trials += [_trial(r, cfg, configured, metric, client) for r in extra]
-        study.add_trials(trials)
+        study.add_trials(trials[len(study.get_trials(deepcopy=False)) :])
         n_pruned = sum(t.state == TrialState.PRUNED for t in trials)
         log.info(
             "lr study %s: seeded %d trials (%d pruned) from the tracking store's runs; "

@@ -118,14 +118,10 @@ def open_study(cfg: TrainCore) -> optuna.Study:
             pruner=pruner(cfg.lr_study),
             load_if_exists=True,
         )
-        # new here: its trials' runs may be, after an archive's import (``seed``); one worker
-        # sets it up: inside the sqlite lock, else the one the others elect
+        # new here (or its seeding killed): its trials' runs may be, after an archive's import
+        # (``seed``); one worker sets it up: inside the sqlite lock, else the one the others elect
         if "range" not in study.user_attrs and (locked or _elected(study)):
-            if not study.get_trials(deepcopy=False):
-                seed(study, cfg)
-            else:
-                study.set_user_attr("range", [float(x) for x in cfg.lr_study.range])
-                study.set_user_attr("widened", 0)
+            seed(study, cfg)
     return study
 
 
