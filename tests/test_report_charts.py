@@ -86,6 +86,26 @@ def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(r
     assert LOADED_MARK not in tables(calm_rep) + report.markdown(calm_rep)
 
 
+def test_a_saving_against_a_loaded_baseline_is_marked_and_a_resumed_runs_wall_time_left_out(
+    report_grid,
+):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    df = runs.runs.assign(busy_cpus_at_start=0.0, load_per_cpu=0.5)
+    df.loc[df.freeze == "none", "load_per_cpu"] = 3.0  # every baseline seed timed beside work
+    resumed = (df.freeze == "all") & (df.seed == 1)
+    df.loc[resumed, "resumed"] = True  # its MLflow run reopened: its span holds a stop
+    df.loc[resumed, "wall_s"] = 7200.0
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    row = report.table(rep).set_index("strategy").loc["all"]
+    assert not row["train time (s)"].endswith("*")  # its own times were calm
+    assert row["time savings vs none (%)"].endswith(" *")  # against the loaded baseline's
+    other = df[(df.freeze == "all") & ~resumed].wall_s.mean()
+    assert rep.summary.set_index("strategy").loc["all"].wall_s == pytest.approx(other)
+    fig = charts.train_time(rep)
+    marks = [t.get_text() for t in fig.axes[0].texts if t.get_text().endswith("*")]
+    assert len(marks) == 2 and any(m.endswith(" % *") for m in marks)  # all's saving too
+
+
 def test_times_of_jobs_that_shared_a_gpu_are_marked_as_a_loaded_machines(report_grid):
     runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
     assert "jobs_on_gpu" in runs.runs  # a metric the runs of a GPU sweep's workers log

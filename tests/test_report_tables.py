@@ -180,6 +180,13 @@ def test_a_key_one_strategy_owns_still_tells_the_others_groups_apart(report_grid
     assert reason.startswith(f"fits 2 groups of settings (lr={lr}; lr=0.0001), none by its own")
     assert "its option sets trainer.lr itself" in reason
     assert "lora" not in set(rep.runs.run_id)
+    # a key only some runs log (a dict param's entry) is a difference, not a wildcard
+    dropout = "model.config_overrides.hidden_dropout_prob"
+    entry = copy("all", "dropout", "first4", "", **{dropout: "0.3"})
+    params["dropout"].pop("model.config_overrides", None)
+    rep = report.build(report.Runs(pd.concat([df, entry]), runs.history, params, runs.source))
+    panels = rep.runs.groupby("panel").freeze.apply(set).to_dict()
+    assert panels["UD_Naija-Slice · hidden_dropout_prob=0.3"] == {"first4"}
 
 
 def test_strategy_order():

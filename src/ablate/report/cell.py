@@ -42,6 +42,15 @@ def loaded(df: pd.DataFrame) -> pd.Series:
     return busy_cpus(df) | busy_at_start(df) | shared_gpu(df)
 
 
+def savings_loaded(summary: pd.DataFrame) -> pd.Series:
+    """Which summary rows' time savings rest on a time measured beside other work: their own
+    (``loaded``), or their panel's baseline's."""
+    busy = loaded(summary)
+    base = summary.delta_method == "baseline"
+    base_busy = dict(zip(summary.panel[base], busy[base], strict=True))
+    return busy | summary.panel.map(base_busy).fillna(False).astype(bool)
+
+
 def unloaded(cell: pd.DataFrame) -> pd.DataFrame:
     """The runs of ``cell`` whose times count: those not timed beside other work (``loaded``),
     or all of them when every one was."""
@@ -84,7 +93,8 @@ def summary_row(
         "train_time_s_std": timed.train_time_s.std(ddof=1) if len(timed) > 1 else math.nan,
         "timed_seeds": ",".join(str(s) for s in sorted(timed.seed)),
         "trainer_runtime_s": timed.trainer_runtime_s.mean(),
-        "wall_s": timed.wall_s.mean(),
+        # a resumed run's MLflow run spans the time it lay stopped too
+        "wall_s": timed.wall_s[~timed.resumed.astype(bool)].mean(),
         "peak_rss_mb": cell.peak_rss_mb.mean(),
         "train_flops": cell.train_flops.mean(),
         "load_per_cpu": timed.load_per_cpu.max(),

@@ -15,7 +15,7 @@ import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
 from ablate.report import layout
-from ablate.report.cell import loaded, unloaded
+from ablate.report.cell import loaded, savings_loaded, unloaded
 from ablate.report.summary import Report
 
 
@@ -212,14 +212,14 @@ def train_time(report: Report):
                 jitter=0.12,
                 ax=top,
             )
-            busy = loaded(s)  # as the table marks it
+            busy, saving_busy = loaded(s), savings_loaded(s)  # as the table marks them
             for i, r in s.iterrows():
-                mark = " *" if busy[i] else ""
                 label = (
                     ""
                     if r.strategy == b or math.isnan(r.time_savings_pct)
                     else (f"{-r.time_savings_pct:+.0f} %")
                 )
+                mark = " *" if busy[i] or (label and saving_busy[i]) else ""
                 if label or mark:
                     y = max(r.train_time_s, runs[runs.freeze == r.strategy].train_time_s.max())
                     top.annotate(
@@ -231,7 +231,7 @@ def train_time(report: Report):
                         va="bottom",
                         fontsize=7,
                     )
-            marked = marked or bool(busy.any())
+            marked = marked or bool(busy.any() or saving_busy.any())
             layout.baseline_line(
                 top, layout.base_value(s, report, "train_time_s"), f"{b} (baseline)"
             )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ablate.config import project_root
-from ablate.report.cell import LR_FROM_STUDY, loaded
+from ablate.report.cell import LR_FROM_STUDY, loaded, savings_loaded
 from ablate.report.recipe import heading
 from ablate.report.stats import N_BOOT
 from ablate.report.summary import Report
@@ -72,7 +72,8 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
     b = report.baseline
     out = []
     marks = loaded(s).map({True: " *", False: ""})
-    for r, mark in zip(s.itertuples(), marks, strict=True):
+    saving_marks = savings_loaded(s).map({True: " *", False: ""})
+    for r, mark, saving_mark in zip(s.itertuples(), marks, saving_marks, strict=True):
         dev = _num(r.dev_mean_pct)
         dev += f" ± {_num(r.dev_std_pct)}" if r.n > 1 else " (1 seed)"
         if r.delta_method == "baseline":
@@ -94,7 +95,7 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
                 "trainable params (M)": millions(r.trainable_params_m),
                 f"param savings vs {b} (%)": share(r.param_savings_pct),
                 "train time (s)": _num(r.train_time_s, 1) + mark,
-                f"time savings vs {b} (%)": share(r.time_savings_pct) + mark,
+                f"time savings vs {b} (%)": share(r.time_savings_pct) + saving_mark,
                 "train FLOPs": "–" if math.isnan(r.train_flops) else f"{r.train_flops:.3g}",
                 "wall time (s)": _num(r.wall_s, 0) + mark,
                 "peak memory (MiB)": _num(r.peak_rss_mb, 0),
@@ -107,7 +108,8 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
 
 LOADED_MARK = (
     "*: timed only on a loaded machine (more runnable threads than CPUs, other work busy as it "
-    "started, or a GPU shared with other jobs): compare with care."
+    "started, or a GPU shared with other jobs), or a saving against such a time: compare with "
+    "care."
 )
 
 

@@ -78,10 +78,25 @@ def compared(params: dict[str, str], own: frozenset[str], recipe_lr: str | None)
     return out
 
 
-def _matches(a: dict[str, str], b: dict[str, str]) -> bool:
-    """Whether two runs' ``compared`` settings agree where both have the key (a key one lacks is
-    that run's strategy's own)."""
-    return all(b[k] == v for k, v in a.items() if k in b)
+@dataclass
+class _Group:
+    """Runs of equal settings: their ``compared`` settings merged, the keys their strategies own
+    (a key no member has a value for matches any), and the sweeps they ran in."""
+
+    values: dict[str, str]
+    owned: set[str]
+    sweeps: set
+
+    def matches(self, values: dict[str, str], own: frozenset[str]) -> bool:
+        """Whether a run's ``compared`` settings agree with the group's on every key but those
+        its strategy owns and those only owners in the group lack (a key logged by one side
+        only, a dict param's entry say, is a difference)."""
+        for key in values.keys() | self.values.keys():
+            if key in own or (key not in self.values and key in self.owned):
+                continue
+            if values.get(key) != self.values.get(key):
+                return False
+        return True
 
 
 def _groups(ok: pd.DataFrame, params: dict[str, dict[str, str]]) -> tuple[dict, dict]:
@@ -95,18 +110,15 @@ def _groups(ok: pd.DataFrame, params: dict[str, dict[str, str]]) -> tuple[dict, 
     mine = {
         r.run_id: compared(params[r.run_id], own[r.run_id], r.recipe_lr) for r in ok.itertuples()
     }
-    groups: list[dict[str, str]] = []
-    sweeps: list[set] = []
-    member: dict[str, int] = {}
+    groups: list[_Group] = []
+    member: dict[str, _Group] = {}
     ambiguous: dict[str, str] = {}
     for run_id in sorted(mine, key=lambda r: bool(own[r])):  # stable: in start order within
-        fits = [i for i, g in enumerate(groups) if _matches(mine[run_id], g)]
+        fits = [g for g in groups if g.matches(mine[run_id], own[run_id])]
         if len(fits) > 1:
-            same = [
-                i for i in fits if isinstance(sweep[run_id], str) and sweep[run_id] in sweeps[i]
-            ]
+            same = [g for g in fits if isinstance(sweep[run_id], str) and sweep[run_id] in g.sweeps]
             if len(same) != 1:
-                apart = _group_labels({str(i): groups[i] for i in fits}).values()
+                apart = _group_labels({str(i): g.values for i, g in enumerate(fits)}).values()
                 ambiguous[run_id] = (
                     f"fits {len(fits)} groups of settings ({'; '.join(apart)}), none by its own "
                     f"sweep: its option sets {', '.join(sorted(own[run_id]))} itself; report "
@@ -114,14 +126,13 @@ def _groups(ok: pd.DataFrame, params: dict[str, dict[str, str]]) -> tuple[dict, 
                 )
                 continue
             fits = same
-        if fits:
-            groups[fits[0]].update(mine[run_id])
-        else:
-            groups.append(dict(mine[run_id]))
-            sweeps.append(set())
-        member[run_id] = fits[0] if fits else len(groups) - 1
-        sweeps[member[run_id]].add(sweep[run_id])
-    return {r: groups[i] for r, i in member.items()}, ambiguous
+        if not fits:
+            groups.append(_Group({}, set(), set()))
+        group = member[run_id] = fits[0] if fits else groups[-1]
+        group.values.update(mine[run_id])
+        group.owned |= own[run_id]
+        group.sweeps.add(sweep[run_id])
+    return {r: g.values for r, g in member.items()}, ambiguous
 
 
 def _diff(a: dict[str, str], b: dict[str, str]) -> str:
@@ -338,14 +349,12 @@ def _differing_settings(group: pd.DataFrame, params: dict[str, dict[str, str]]) 
     """Settings that differ between the strategies of one panel, e.g. runs from two grids; each
     strategy's own keys (``compared``) differ by design and are not named."""
     latest = {s: group[group.freeze == s].iloc[-1] for s in strategy_order(group.freeze)}
-    by_strategy = {
-        s: compared(params[r.run_id], own_keys(r.freeze, r.option_keys), r.recipe_lr)
-        for s, r in latest.items()
-    }
+    own = {s: own_keys(r.freeze, r.option_keys) for s, r in latest.items()}
+    by_strategy = {s: compared(params[r.run_id], own[s], r.recipe_lr) for s, r in latest.items()}
     keys = {k for p in by_strategy.values() for k in p}
     parts = []
     for key in sorted(keys):
-        values = {s: p[key] for s, p in by_strategy.items() if key in p}
+        values = {s: p.get(key, "-") for s, p in by_strategy.items() if key not in own[s]}
         if len(set(values.values())) > 1:
             parts.append(f"{key} ({', '.join(f'{s}: {v}' for s, v in values.items())})")
     return "; ".join(parts)

@@ -26,6 +26,8 @@ from ablate.switches import SWITCHES
 PINS = "data.splits."
 # A run's tag: the keys outside ``freeze.*`` that its freeze option changes (``option_keys``)
 OPTION_KEYS_TAG = "ablate.option_keys"
+# A run's tag: its MLflow run was reopened by a resume (its span counts the time it lay stopped)
+RESUMED_TAG = "ablate.resumed"
 
 
 def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:

@@ -27,7 +27,13 @@ from ablate.tracking import ui_links
 from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
-from ablate.tracking.params import OPTION_KEYS_TAG, flatten, option_keys, selected
+from ablate.tracking.params import (
+    OPTION_KEYS_TAG,
+    RESUMED_TAG,
+    flatten,
+    option_keys,
+    selected,
+)
 from ablate.tracking.parent import REUSED, adopt, in_multirun, recorded, sweep_parent
 from ablate.tracking.provenance import environment, git_tags, process, run_name, sweep_tags
 from ablate.tracking.signals import Interrupted, after_stop, stop_signals
@@ -262,7 +268,7 @@ def start_run(
                     if hydra_dir.is_dir():
                         run.artifacts(str(hydra_dir), ".hydra")
             else:
-                run.tags({"ablate.resumed": "true"})
+                run.tags({RESUMED_TAG: "true"})
             run.tags(started_over)
             env = environment()
             run.tags({**git_tags(), "device": env["device"], **sweep_tags()})
