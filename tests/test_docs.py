@@ -138,3 +138,61 @@ def test_the_lr_studies_table_counts_each_archived_studys_trials_and_its_best():
                 key=lambda r: max(v for k, *_, v in r.metrics if k.startswith("best_dev_")),
             )
             assert f"| {float(top.params['trainer.lr']):.3g} |" in row, row
+
+
+def _added(archive, like: str, run_id: str, role: str = "run", **changed) -> None:
+    """A run added to ``archive`` as an export writes it: a copy of the run named ``like``
+    (its role's first), started after every other, with ``changed`` info, params, tags and
+    last metric values, and the manifest written again."""
+    import json
+    import shutil
+
+    from ablate.archive import INDEX, dumps
+    from ablate.archive.export import write_manifest
+
+    index = json.loads((archive / INDEX).read_text(encoding="utf-8"))
+    entry = next(e for e in index["runs"] if e["role"] == role and like in e["run_name"])
+    shutil.copytree(archive / "runs" / entry["run_id"], folder := archive / "runs" / run_id)
+    starts = [
+        json.loads((p / "info.json").read_text())["start_time"] for p in folder.parent.iterdir()
+    ]
+    edits = {"info.json": {"run_id": run_id, "start_time": max(starts) + 1000}}
+    edits["info.json"].update(changed.pop("info", {}))
+    edits["params.json"], edits["tags.json"] = changed.pop("params", {}), changed.pop("tags", {})
+    for name, update in edits.items():
+        held = json.loads((folder / name).read_text(encoding="utf-8"))
+        (folder / name).write_text(dumps({**held, **update}), encoding="utf-8")
+    lines = (folder / "metrics.tsv").read_text(encoding="utf-8").splitlines()
+    lines = ["\t".join([*(cells := line.split("\t"))[:3], str(changed.get(cells[0], cells[3]))])
+             for line in lines]  # fmt: skip
+    (folder / "metrics.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    index["runs"].append({**entry, "run_id": run_id})
+    (archive / INDEX).write_text(dumps(index), encoding="utf-8")
+    (archive / "SHA256SUMS").unlink()
+    write_manifest(archive)
+
+
+def test_the_redone_table_takes_a_seeds_latest_finished_run_and_a_studys_latest_trials(tmp_path):
+    import shutil
+
+    study = tmp_path / "naija-fair"
+    source = project_root() / "docs" / "results" / "naija-fair"
+    shutil.copytree(source / docs.results.PARTIAL, archive := study / docs.results.PARTIAL)
+    shutil.copy(source / "runs.csv", study / "runs.csv")
+    before = {r["run"]: r for r in docs.results.reruns(str(study))}
+    # head_only seed 1 again (skip_finished=false: the same settings), then a FAILED run at
+    # another lr; a features study before this one, with other settings, its one trial the best
+    _added(archive, "head_only-minilm-s1", "f" * 32, test_accuracy=0.5, dev_accuracy=0.5)
+    _added(archive, "head_only-minilm-s2", "a" * 32, info={"status": "FAILED"},
+           params={"trainer.lr": "0.05"})  # fmt: skip
+    _added(archive, "features", "e" * 32, role="trial", best_dev_accuracy=0.999, info={
+           "start_time": 1}, params={"trainer.epochs": "3", "trainer.lr": "0.0099"})  # fmt: skip
+    rows = [r for r in docs.results.reruns(str(study)) if r["freeze"] == "head_only"]
+    assert sorted(r["seed"] for r in rows) == ["1", "2", "3"]  # the rerun supersedes seed 1
+    assert {r["seed"]: r["dev"] for r in rows}["1"] == 0.5
+    assert len(rows) == len([r for r in before.values() if r["freeze"] == "head_only"])
+    table = docs.results.lr_studies(str(study))
+    (features,) = [line for line in table.splitlines() if line.startswith("| `features` |")]
+    assert "0.0099" not in features  # not this study's trial: other settings
+    (head_only,) = [line for line in table.splitlines() if line.startswith("| `head_only` |")]
+    assert head_only.endswith("| 0.00813 |")  # the FAILED run's lr is not what its runs trained at

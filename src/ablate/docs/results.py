@@ -148,18 +148,17 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
     from ablate.archive import read
     from ablate.report.load import scores
 
-    published = {(r["freeze"], r["seed"]): r for r in _csv(study, "runs.csv")}
+    keys = ("data", "model", "freeze", "seed")
+    published = {tuple(r[k] for k in keys): r for r in _csv(study, "runs.csv")}
     out = []
     held = read(_dir(study) / PARTIAL)
     for run in _current(held):
-        if run.info.get("status") != "FINISHED":
-            continue
         last: dict[str, tuple[int, float]] = {}
         for key, step, _, value in run.metrics:  # a key's value at its last step, as MLflow's
             if key not in last or step >= last[key][0]:
                 last[key] = (step, value)
         got = scores(run.params, {k: v for k, (_, v) in last.items()})
-        row = published.get((run.params.get("freeze.name"), run.params.get("seed")))
+        row = published.get((*_cell(run), run.params.get("seed")))
         was = {k: float(row[k]) if row and row[k] else None for k in ("dev", "test", "lr")}
         out.append(
             {
@@ -180,18 +179,29 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
 
 
 def _current(held) -> list:
-    """An archive's runs (not its sweeps, nor its lr-study trials) with their strategy's latest
-    settings, by start time, as the report takes them: a strategy redone at a new lr supersedes
-    its earlier runs."""
+    """An archive's runs (not its sweeps, nor its lr-study trials) as the report takes them: the
+    FINISHED ones, per dataset, model and strategy those with its latest run's settings (a
+    strategy redone at a new lr supersedes its earlier runs), of each seed the latest (a rerun
+    with ``skip_finished=false`` supersedes the earlier run); by start time."""
     from ablate.tracking.params import settings
 
     role = {entry["run_id"]: entry["role"] for entry in held.index["runs"]}
     runs = sorted(
-        (r for r in held.runs if role[r.run_id] == "run"),
+        (r for r in held.runs if role[r.run_id] == "run" and r.info.get("status") == "FINISHED"),
         key=lambda r: r.info.get("start_time") or 0,
     )
-    latest = {r.params.get("freeze.name"): settings(r.params) for r in runs}
-    return [r for r in runs if settings(r.params) == latest[r.params.get("freeze.name")]]
+
+    latest = {_cell(r): settings(r.params) for r in runs}
+    runs = [r for r in runs if settings(r.params) == latest[_cell(r)]]
+    last = {(_cell(r), r.params.get("seed")): r for r in runs}
+    return [r for r in runs if last[_cell(r), r.params.get("seed")] is r]
+
+
+def _cell(run) -> tuple:
+    """A run's dataset, model and strategy, as the report names them."""
+    from ablate.report.load import param_name
+
+    return tuple(param_name(run.params, k) for k in ("data", "model", "freeze"))
 
 
 def _mean_pct(rows: list[dict], key: str) -> str:
@@ -335,6 +345,7 @@ def lr_studies(study: str) -> str:
     runs trained at."""
     from ablate.archive import read
     from ablate.lrstudy import RANGE_TAG, pruned, trained_out
+    from ablate.lrstudy.runs import lr_aside
     from ablate.lrstudy.study import interior, position
 
     folder = next((_dir(study) / n for n in (ARCHIVE, PARTIAL) if (_dir(study) / n).is_dir()), None)
@@ -346,6 +357,9 @@ def lr_studies(study: str) -> str:
     for run in sorted(held.runs, key=lambda r: r.info.get("start_time") or 0):
         if role[run.run_id] == "trial":
             trials.setdefault(run.params.get("freeze.name", "?"), []).append(run)
+    for option, runs in trials.items():  # an earlier study with other settings: not this one's
+        latest = lr_aside(runs[-1].params)
+        trials[option] = [r for r in runs if lr_aside(r.params) == latest]
     trained: dict[str, set[float]] = {}
     for run in _current(held):
         trained.setdefault(run.params.get("freeze.name"), set()).add(

@@ -57,10 +57,11 @@ def _runs(study: Study, filter_string: str):
 
 
 def _recipe(run) -> dict[str, str]:
-    return _lr_aside(run.data.params)
+    return lr_aside(run.data.params)
 
 
-def _lr_aside(params: dict[str, str]) -> dict[str, str]:
+def lr_aside(params: dict[str, str]) -> dict[str, str]:
+    """A trial's settings but its lr: trials of one study share them."""
     return {k: v for k, v in settings(params).items() if k != "trainer.lr"}
 
 
@@ -144,7 +145,7 @@ def tuned_lr(cfg: TrainCore, command: str) -> Best:
     trials = [
         r for r in found if trained_out(r.info.status, r.data.tags) and metric in r.data.metrics
     ]
-    wanted = _lr_aside(
+    wanted = lr_aside(
         {k: str(v) for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
     )
     same = [r for r in trials if _recipe(r) == wanted]

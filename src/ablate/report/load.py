@@ -131,7 +131,7 @@ def overview(uri: str, experiment: str) -> str:
     client, experiment_id = _client(uri, experiment)
     found = all_runs(client, experiment_id)
     done = Counter(
-        _name(r.data.params, "data") or "?"
+        param_name(r.data.params, "data") or "?"
         for r in found
         if not scope.is_sweep(r) and r.info.status == "FINISHED"
     )
@@ -160,8 +160,9 @@ def _runs_by_id(client: MlflowClient, ids: set[str]) -> list:
     return out
 
 
-def _name(params: dict[str, str], key: str) -> str | None:
-    # data.name, freeze.name, model.name; runs of earlier versions logged them as data, ...
+def param_name(params: dict[str, str], key: str) -> str | None:
+    """A run's ``data``, ``model`` or ``freeze`` option: its ``<key>.name`` param (runs of
+    earlier versions logged ``<key>``)."""
     return params.get(f"{key}.name", params.get(key))
 
 
@@ -212,7 +213,7 @@ def load_runs(
         p, tags, m = r.data.params, r.data.tags, r.data.metrics
         if scope.is_sweep(r) or (ids is not None and r.info.run_id not in ids):
             continue
-        values = {key: _name(p, key) for key in FILTERS if key != "status"}
+        values = {key: param_name(p, key) for key in FILTERS if key != "status"}
         values["status"] = r.info.status
         if any(keep is not None and values[k] not in keep for k, keep in wanted.items()):
             continue
@@ -223,9 +224,9 @@ def load_runs(
                 "run_name": r.info.run_name,
                 "status": r.info.status,
                 "start_time": pd.to_datetime(r.info.start_time, unit="ms"),
-                "data": _name(p, "data"),
-                "model": _name(p, "model"),
-                "freeze": _name(p, "freeze"),
+                "data": param_name(p, "data"),
+                "model": param_name(p, "model"),
+                "freeze": param_name(p, "freeze"),
                 "seed": _int(p.get("seed")),
                 "task": task,
                 "items": item_name(m),
@@ -284,9 +285,9 @@ def _unrun_row(job: dict) -> dict:
     name = f"job {job['job']}" + (f" ({job['overrides']})" if job["overrides"] else "")
     return {
         "run_name": name,
-        "data": _name(shared, "data"),
-        "model": _name(shared, "model"),
-        "freeze": own.get("freeze", own.get("freeze.name", _name(shared, "freeze"))),
+        "data": param_name(shared, "data"),
+        "model": param_name(shared, "model"),
+        "freeze": own.get("freeze", own.get("freeze.name", param_name(shared, "freeze"))),
         "seed": _int(own.get("seed", shared.get("seed"))),
         "status": "MISSING",
         "reason": job["reason"],
