@@ -104,6 +104,11 @@ def test_a_saving_against_a_loaded_baseline_is_marked_and_a_resumed_runs_wall_ti
     fig = charts.train_time(rep)
     marks = [t.get_text() for t in fig.axes[0].texts if t.get_text().endswith("*")]
     assert len(marks) == 2 and any(m.endswith(" % *") for m in marks)  # all's saving too
+    # a timed run without its time: no train time, and no saving from the other seeds alone
+    df.loc[resumed, "train_time_s"] = float("nan")
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    row = report.table(rep).set_index("strategy").loc["all"]
+    assert row["train time (s)"] == "–" and row["time savings vs none (%)"].startswith("–")
 
 
 def test_times_of_jobs_that_shared_a_gpu_are_marked_as_a_loaded_machines(report_grid):
