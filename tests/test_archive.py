@@ -190,6 +190,9 @@ def test_bad_archives_and_stores_fail_whole(study, tmp_path, capsys):
     err = _fails(["import", str(long), "--uri", fresh], capsys)
     assert last.run_id in err and "deleted again" in err
     assert _all_runs(fresh) == []
+    # the runs rolled back are no import: the good archive is imported whole after them
+    assert archive_main(["import", str(study.archive), "--uri", fresh]) == 0
+    assert "imported 5 of 5 runs" in capsys.readouterr().out
 
 
 def test_a_results_page_is_regenerated_from_the_archive_beside_it(study, tmp_path):
@@ -224,3 +227,142 @@ def test_a_study_page_tabulates_its_lr_studies_per_pruner_from_their_archives(st
     assert rows[0][8].rstrip(" |") == f"{100 * top.data.metrics['best_dev_accuracy']:.2f}"
     with pytest.raises(docs.results.NoResults, match="No lr studies archived"):
         docs.results.lr_pruning(str(tmp_path / "none"))
+
+
+def _resigned(study, tmp_path: Path, name: str, edit) -> tuple[Path, archive.Archive]:
+    """A copy of the study's archive changed by ``edit(folder, read)`` and signed again (as an
+    export of the changed store would write it)."""
+    out = tmp_path / name
+    shutil.copytree(study.archive, out)
+    edit(out, archive.read(out))
+    (out / archive.MANIFEST).unlink()
+    write_manifest(out)
+    return out, archive.read(out)
+
+
+def _every_run(store: str) -> list:
+    """Every run of ``store``, deleted ones too."""
+    from mlflow.entities import ViewType
+
+    client = MlflowClient(store)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(ids, run_view_type=ViewType.ALL)
+
+
+def test_an_import_killed_half_way_is_finished_by_the_next(study, tmp_path, capsys):
+    from ablate.archive import import_
+    from ablate.tracking.store import prepare
+
+    read = archive.read(study.archive)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    # what a SIGKILL leaves: every run created, two written whole, a third up to its end
+    exps = {n: prepare(uri, n) for n in {r.info["experiment"] for r in read.runs}}
+    ids = {r.run_id: import_._create(client, exps[r.info["experiment"]], r) for r in read.runs}
+    for run in read.runs[:2]:
+        import_._write(client, run, ids[run.run_id], ids)
+    third = next(r for r in read.runs[2:] if archive.IDENTITY_TAG in r.tags)
+    client.set_tag(ids[third.run_id], archive.IDENTITY_TAG, third.tags[archive.IDENTITY_TAG])
+    client.set_terminated(ids[third.run_id], "FINISHED")  # not a twin that blocks the import
+
+    assert archive_main(["import", str(study.archive), "--uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "3 runs a stopped import left unfinished" in out
+    assert "imported 3 of 5 runs" in out and "2 were there already" in out
+    live = {r.data.tags[archive.ORIGIN_TAG]: r for r in _all_runs(uri)}
+    assert len(_all_runs(uri)) == 5 and set(live) == {r.run_id for r in read.runs}
+    for run in read.runs:
+        assert live[run.run_id].data.params == run.params
+        assert live[run.run_id].info.status == run.info["status"]
+        assert archive.PENDING_TAG not in live[run.run_id].data.tags
+    gone = [r for r in _every_run(uri) if r.info.lifecycle_stage == "deleted"]
+    assert sorted(r.info.run_id for r in gone) == sorted(ids[r.run_id] for r in read.runs[2:])
+
+
+def test_an_archived_deleted_run_is_imported_once(study, tmp_path, capsys):
+    def delete_sweep(folder, read):
+        parent = next(r for r in read.runs if r.tags.get("ablate.role") == "sweep")
+        info = {**parent.info, "lifecycle_stage": "deleted"}
+        (parent.folder / "info.json").write_text(archive.dumps(info))
+
+    arch, read = _resigned(study, tmp_path, "deleted-sweep", delete_sweep)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for n in (5, 0, 0):
+        assert archive_main(["import", str(arch), "--uri", uri]) == 0
+        assert f"imported {n} of 5 runs" in capsys.readouterr().out
+    stages = sorted(r.info.lifecycle_stage for r in _every_run(uri))
+    assert stages == ["active"] * 4 + ["deleted"]
+
+
+def test_an_archive_grown_by_a_rerun_imports_where_it_was_imported_before(study, tmp_path, capsys):
+    rerun_id = "f" * 32
+
+    def add_rerun(folder, read):  # a seed trained again (skip_finished=false): same identity
+        none = next(r for r in read.runs if r.params.get("freeze.name") == "none")
+        shutil.copytree(none.folder, folder / archive.RUNS / rerun_id)
+        start = max(r.info["start_time"] for r in read.runs) + 3_600_000
+        info = {**none.info, "run_id": rerun_id, "start_time": start, "end_time": start + 1000}
+        (folder / archive.RUNS / rerun_id / "info.json").write_text(archive.dumps(info))
+        entry = next(e for e in read.index["runs"] if e["run_id"] == none.run_id)
+        index = {**read.index, "runs": [*read.index["runs"], {**entry, "run_id": rerun_id}]}
+        (folder / archive.INDEX).write_text(archive.dumps(index))
+
+    grown, _ = _resigned(study, tmp_path, "grown", add_rerun)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert archive_main(["import", str(study.archive), "--uri", uri]) == 0
+    capsys.readouterr()
+    assert archive_main(["import", str(grown), "--uri", uri]) == 0
+    captured = capsys.readouterr()
+    assert "imported 1 of 6 runs" in captured.out and "warning" not in captured.err
+    assert rerun_id in {r.data.tags[archive.ORIGIN_TAG] for r in _all_runs(uri)}
+
+
+def test_a_held_run_whose_archived_record_went_on_is_kept_with_a_warning(study, tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert archive_main(["import", str(study.archive), "--uri", uri]) == 0
+    assert archive_main(["import", str(study.archive), "--uri", uri]) == 0
+    assert "warning" not in capsys.readouterr().err  # the same record: nothing to say
+
+    def end_later(folder, read):  # re-exported after the sweep's parent was resumed and ended
+        parent = next(r for r in read.runs if r.tags.get("ablate.role") == "sweep")
+        info = {**parent.info, "status": "KILLED", "end_time": parent.info["end_time"] + 5000}
+        (parent.folder / "info.json").write_text(archive.dumps(info))
+
+    later, read = _resigned(study, tmp_path, "later", end_later)
+    parent = next(r for r in read.runs if r.tags.get("ablate.role") == "sweep")
+    assert archive_main(["import", str(later), "--uri", uri]) == 0
+    captured = capsys.readouterr()
+    assert "imported 0 of 5 runs" in captured.out
+    warned = [line for line in captured.err.splitlines() if line.startswith("warning")]
+    assert len(warned) == 1 and parent.run_id in warned[0]
+    assert "status FINISHED here, KILLED in the archive" in warned[0]
+    assert "fresh store" in warned[0] and "mlflow runs delete --run-id" in warned[0]
+    held = next(r for r in _all_runs(uri) if r.data.tags[archive.ORIGIN_TAG] == parent.run_id)
+    assert held.info.status == "FINISHED"  # kept
+
+
+def test_an_export_that_cannot_read_artifacts_fails_and_keeps_the_old_archive(
+    study, tmp_path, capsys
+):
+    import sqlite3
+
+    # the store's database without its artifacts (copied alone, or its artifact folder moved)
+    db = tmp_path / "rescued" / "mlflow.db"
+    db.parent.mkdir()
+    shutil.copyfile(study.tmp / "mlflow.db", db)
+    before = (study.tmp / "mlartifacts").as_uri()
+    with sqlite3.connect(db) as con:
+        con.execute(
+            "UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)",
+            (before, (tmp_path / "gone").as_uri()),
+        )
+        con.execute(
+            "UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)",
+            (before, (tmp_path / "gone").as_uri()),
+        )
+    out = tmp_path / "arch"
+    shutil.copytree(study.archive, out)
+    err = _fails(["export", str(out), "--uri", f"sqlite:///{db}"], capsys)
+    assert "is not readable" in err and str(tmp_path / "gone") in err
+    assert "config.yaml" in err or "predictions/dev.json" in err
+    assert _files(out) == _files(study.archive)  # the earlier archive is kept whole

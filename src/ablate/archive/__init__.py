@@ -37,6 +37,9 @@ RUNS = "runs"
 ARTIFACTS = ("config.yaml", "predictions/dev.json")
 # An imported run's tag: the id the run had in the store it was exported from.
 ORIGIN_TAG = "ablate.archive.run_id"
+# A run an import has created but not yet written whole (its value: the id ORIGIN_TAG will hold);
+# ORIGIN_TAG is written last, so a run still pending is one a stopped import left unfinished.
+PENDING_TAG = "ablate.archive.pending"
 IDENTITY_TAG = "ablate.identity"
 # Tags whose value is another run's id: an import points them at that run's new id.
 PARENT_TAG = "mlflow.parentRunId"

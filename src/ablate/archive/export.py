@@ -139,14 +139,46 @@ def _write_run(client: MlflowClient, run, experiment: str, folder: Path) -> None
     (folder / "metrics.tsv").write_text(_history(client, run), encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:
         for path in ARTIFACTS:
+            if not _has_artifact(client, run, path):
+                continue  # a run that has none (a sweep's parent, a failed run)
             try:
                 got = Path(client.download_artifacts(info.run_id, path, tmp))
-            except (MlflowException, OSError):
-                continue  # a run that has none (a sweep's parent, a failed run)
-            if got.is_file():
-                target = folder / "artifacts" / path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(got, target)  # streamed: an artifact need not fit in memory
+            except (MlflowException, OSError) as exc:
+                raise _unreadable(run, path, exc) from exc
+            target = folder / "artifacts" / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(got, target)  # streamed: an artifact need not fit in memory
+
+
+def _unreadable(run, path: str, why: object) -> AblateError:
+    return AblateError(
+        f"run {run.info.run_name} ({run.info.run_id}): its artifact {path} is not readable "
+        f"({why}): nothing was exported (an earlier archive there is kept); make the store's "
+        f"artifacts reachable ({run.info.artifact_uri}) and export again"
+    )
+
+
+def _has_artifact(client: MlflowClient, run, path: str) -> bool:
+    """Whether ``run`` holds the artifact ``path``: False only where it really has none; an
+    ``AblateError`` where its artifacts cannot be read."""
+    from mlflow.utils.file_utils import local_file_uri_to_path
+    from mlflow.utils.uri import is_local_uri
+
+    parent = str(Path(path).parent) if "/" in path else None
+    try:
+        listed = {f.path for f in client.list_artifacts(run.info.run_id, parent) if not f.is_dir}
+    except (MlflowException, OSError) as exc:
+        raise _unreadable(run, path, exc) from exc
+    if path in listed:
+        return True
+    uri = run.info.artifact_uri
+    if is_local_uri(uri, is_tracking_or_registry_uri=False):
+        # MLflow lists a missing folder as empty: a run without artifacts has no folder, but its
+        # experiment's (mlartifacts/<experiment id>) is there unless the artifacts are not
+        root = Path(local_file_uri_to_path(uri)).parent.parent
+        if not root.is_dir():
+            raise _unreadable(run, path, f"{root} does not exist")
+    return False
 
 
 def write_manifest(folder: Path) -> None:

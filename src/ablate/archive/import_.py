@@ -3,15 +3,19 @@
 MLflow gives every new run an id of its own, so a run keeps who it is by its tags: its
 ``ablate.identity`` (what ``skip_finished`` and ``trainer.resume`` match) as it was, and its id in
 the store it was exported from as ``ablate.archive.run_id``, by which a second import finds it
-and adds nothing. Tags that name another run (a sweep's parent, the runs a sweep reused, the lr
-study's trial a run took its lr from) are pointed at that run's new id. Everything is checked
-before the first write; a failure while writing deletes the runs created so far.
+and adds nothing. That tag is written last: a run is created tagged ``ablate.archive.pending``,
+so one that an import killed half-way left behind is replaced by the next import. Tags that name
+another run (a sweep's parent, the runs a sweep reused, the lr study's trial a run took its lr
+from) are pointed at that run's new id. Everything is checked before the first write; a failure
+while writing deletes the runs created so far.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from ablate.archive import (
     MOVED_TAG,
     ORIGIN_TAG,
     PARENT_TAG,
+    PENDING_TAG,
     REFERENCE_PREFIXES,
     Archive,
     ArchivedRun,
@@ -28,7 +33,6 @@ from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
 from ablate.report.load import MlflowClient, MlflowException
 from ablate.tracking.journal import chunks
-from ablate.tracking.store import all_runs
 
 # MLflow's log_batch limits per request
 _METRICS_PER_BATCH = 1000  # MLflow's limit of metric points per batch (params, tags: chunks')
@@ -36,22 +40,70 @@ _METRICS_PER_BATCH = 1000  # MLflow's limit of metric points per batch (params, 
 
 @dataclass
 class Plan:
-    """What an import does: the runs the store holds already (archive id -> store id) and the
-    runs it creates."""
+    """What an import does: the runs the store holds already (archive id -> store id), the runs
+    it creates, and the runs a stopped import left unfinished that it deletes first."""
 
     uri: str
     held: dict[str, str] = field(default_factory=dict)
     create: list[ArchivedRun] = field(default_factory=list)
+    replace: list[str] = field(default_factory=list)
 
 
 def _is_new_sqlite(uri: str) -> bool:
     return uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file()
 
 
+def _every_run(client: MlflowClient, experiment_id: str) -> list:
+    """Every run of the experiment, deleted ones too (an archive may hold a deleted run)."""
+    from mlflow.entities import ViewType
+
+    # store.all_runs reads active runs only; the same paging, every lifecycle stage
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            [experiment_id], run_view_type=ViewType.ALL, max_results=1000, page_token=token
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _latest(points: list[tuple[str, int, int, float]]) -> dict[str, float]:
+    """Each metric's latest value as MLflow keeps it: the point of the largest step, then
+    timestamp, then value."""
+    best: dict[str, tuple[int, int, float]] = {}
+    for key, step, ts, value in points:
+        if key not in best or (step, ts, value) > best[key]:
+            best[key] = (step, ts, value)
+    return {key: point[2] for key, point in best.items()}
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _differs(run: ArchivedRun, there) -> str | None:
+    """What differs between ``run`` and the store's run ``there`` that holds it, or None."""
+    what = []
+    if there.info.status != run.info["status"]:
+        what.append(f"status {there.info.status} here, {run.info['status']} in the archive")
+    # an archived run without an end time got the import's time (MLflow's set_terminated)
+    if run.info.get("end_time") is not None and there.info.end_time != run.info["end_time"]:
+        what.append(f"end time {there.info.end_time} here, {run.info.get('end_time')} there")
+    mine, theirs = there.data.metrics, _latest(run.metrics)
+    if mine.keys() != theirs.keys() or any(not _same(mine[k], v) for k, v in theirs.items()):
+        what.append("its metrics' latest points differ")
+    return "; ".join(what) or None
+
+
 def plan(archive: Archive, uri: str) -> Plan:
     """Check the store at ``uri`` against ``archive`` without writing: which runs it holds
-    already, and an ``AblateError`` where it holds a different FINISHED run of the same identity
-    (``skip_finished`` and the report would take one for the other)."""
+    already, which a stopped import left unfinished (tag ``PENDING_TAG``: replaced), and an
+    ``AblateError`` where it holds a different FINISHED run of the same identity, not imported
+    from this archive (``skip_finished`` and the report would take one for the other). A held
+    run whose archived record differs (exported again after it went on) is kept, with a
+    warning."""
     out = Plan(uri)
     if _is_new_sqlite(uri):  # nothing to read: reading would create the file
         out.create = list(archive.runs)
@@ -61,8 +113,9 @@ def plan(archive: Archive, uri: str) -> Plan:
 
         check_reachable(uri)
     client = MlflowClient(tracking_uri=uri)
-    by_alias: dict[tuple[str, str], str] = {}
-    finished: dict[tuple[str, str], object] = {}
+    own = set().union(*(r.aliases for r in archive.runs))  # ids that are this archive's runs
+    by_alias: dict[tuple[str, str], list] = {}
+    finished: dict[tuple[str, str], list] = {}
     try:
         for name in sorted({r.info["experiment"] for r in archive.runs}):
             exp = client.get_experiment_by_name(name)
@@ -74,28 +127,51 @@ def plan(archive: Archive, uri: str) -> Plan:
                     f"experiments restore --experiment-id {exp.experiment_id}) or import into "
                     "another store (--uri)"
                 )
-            for run in all_runs(client, exp.experiment_id):
-                tags = run.data.tags
-                for alias in (run.info.run_id, tags.get(ORIGIN_TAG)):
-                    if alias:
-                        by_alias[(name, alias)] = run.info.run_id
-                if run.info.status == "FINISHED" and IDENTITY_TAG in tags:
-                    finished.setdefault((name, tags[IDENTITY_TAG]), run)
+            for run in _every_run(client, exp.experiment_id):
+                tags, active = run.data.tags, run.info.lifecycle_stage == "active"
+                if PENDING_TAG in tags and ORIGIN_TAG not in tags:
+                    if active and tags[PENDING_TAG] in own:
+                        out.replace.append(run.info.run_id)
+                    continue
+                aliases = {run.info.run_id, tags.get(ORIGIN_TAG)} - {None}
+                for alias in aliases:
+                    by_alias.setdefault((name, alias), []).append(run)
+                # a run of this archive (imported before it grew) is no other run
+                twin = run.info.status == "FINISHED" and IDENTITY_TAG in tags and not aliases & own
+                if active and twin:
+                    finished.setdefault((name, tags[IDENTITY_TAG]), []).append(run)
     except MlflowException as exc:
         raise AblateError(
             f"{uri}: the MLflow store is not readable ({exc}); pass another with --uri"
         ) from exc
     for run in archive.runs:
         name = run.info["experiment"]
-        there = next(
-            (by_alias[(name, a)] for a in sorted(run.aliases) if (name, a) in by_alias), None
+        found = [s for a in sorted(run.aliases) for s in by_alias.get((name, a), [])]
+        # a deleted store run holds a run deleted in the archive, not one an import rolled
+        # back or a user deleted to have the archive's record again
+        deleted = run.info.get("lifecycle_stage") == "deleted"
+        there = next((s for s in found if s.info.lifecycle_stage == "active"), None) or next(
+            (s for s in found if deleted), None
         )
         if there is not None:
-            out.held[run.run_id] = there
+            out.held[run.run_id] = there.info.run_id
+            if (what := _differs(run, there)) is not None:
+                delete = (
+                    f" or delete that run first (mlflow runs delete --run-id {there.info.run_id})"
+                    if there.info.lifecycle_stage == "active"
+                    else ""
+                )
+                print(
+                    f"warning: {run.describe()} differs from the run {there.info.run_id} "
+                    f"that {uri} holds for it ({what}): that run is kept; to have the "
+                    "archive's record, import into a fresh store (--uri)" + delete,
+                    file=sys.stderr,
+                )
             continue
         ident = run.tags.get(IDENTITY_TAG)
-        other = finished.get((name, ident)) if run.info["status"] == "FINISHED" else None
-        if other is not None:
+        others = finished.get((name, ident), []) if run.info["status"] == "FINISHED" else []
+        if others:
+            other = others[0]
             raise AblateError(
                 f"{run.folder}: {run.describe()} has identity {ident[:12]}…, and experiment "
                 f"{name!r} in {uri} already holds a different FINISHED run with it, "
@@ -123,10 +199,27 @@ def _remap(tags: dict[str, str], ids: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _origin(run: ArchivedRun) -> str:
+    """The id ``ORIGIN_TAG`` holds for ``run``: the first store's, if it was imported itself."""
+    return run.tags.get(ORIGIN_TAG, run.run_id)
+
+
+def _create(client: MlflowClient, experiment_id: str, run: ArchivedRun) -> str:
+    """A new run for ``run``, marked pending until ``_write`` has written it whole."""
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+    name = run.info.get("run_name") or ""
+    return client.create_run(
+        experiment_id,
+        start_time=run.info["start_time"],
+        tags={MLFLOW_RUN_NAME: name, PENDING_TAG: _origin(run)},
+    ).info.run_id
+
+
 def _write(client: MlflowClient, run: ArchivedRun, new_id: str, ids: dict[str, str]) -> None:
     from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 
-    tags = _remap({**run.tags, ORIGIN_TAG: run.tags.get(ORIGIN_TAG, run.run_id)}, ids)
+    tags = _remap({k: v for k, v in run.tags.items() if k not in (ORIGIN_TAG, PENDING_TAG)}, ids)
     for batch in chunks([RunTag(k, v) for k, v in sorted(tags.items())]):
         client.log_batch(new_id, tags=batch, synchronous=True)
     params = [Param(k, v) for k, v in sorted(run.params.items())]
@@ -159,48 +252,66 @@ def _write(client: MlflowClient, run: ArchivedRun, new_id: str, ids: dict[str, s
     status, end = run.info["status"], run.info.get("end_time")
     if status != "RUNNING":
         client.set_terminated(new_id, status=status, end_time=end)
+    client.set_tag(new_id, ORIGIN_TAG, _origin(run))  # last: a run that has it is whole
+    client.delete_tag(new_id, PENDING_TAG)
     if run.info.get("lifecycle_stage") == "deleted":
         client.delete_run(new_id)
 
 
 def apply(archive: Archive, todo: Plan) -> list[str]:
-    """Create the runs ``todo`` plans (``plan``), parents' ids and references remapped; return
-    their new ids. A failure deletes the runs created so far and raises an ``AblateError``."""
-    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
-
+    """Delete the runs a stopped import left unfinished (``todo.replace``), create the runs
+    ``todo`` plans (``plan``), parents' ids and references remapped; return their new ids. A
+    failure deletes the runs created so far and raises an ``AblateError``."""
     from ablate.tracking.store import prepare
 
+    client = MlflowClient(tracking_uri=todo.uri)
+    if todo.replace:
+        try:
+            for run_id in todo.replace:
+                client.delete_run(run_id)
+        except MlflowException as exc:
+            raise AblateError(
+                f"{todo.uri}: run {run_id}, left unfinished by a stopped import, could not be "
+                f"deleted ({exc}): nothing was imported; fix the cause and import again"
+            ) from exc
+        print(
+            f"note: {len(todo.replace)} runs a stopped import left unfinished in {todo.uri} "
+            f"(tag {PENDING_TAG}) are deleted and imported again"
+        )
     if not todo.create:
         return []
     experiments = {}
     for name in sorted({r.info["experiment"] for r in todo.create}):
         experiments[name] = prepare(todo.uri, name)  # sqlite: artifacts beside the store
-    client = MlflowClient(tracking_uri=todo.uri)
     ids = dict(todo.held)
     created: list[str] = []
     current = None
     try:
         for run in todo.create:  # first every run, so that references can name any of them
             current = run
-            name = run.info.get("run_name") or ""
-            new = client.create_run(
-                experiments[run.info["experiment"]],
-                start_time=run.info["start_time"],
-                tags={MLFLOW_RUN_NAME: name, ORIGIN_TAG: run.tags.get(ORIGIN_TAG, run.run_id)},
-            )
-            created.append(new.info.run_id)
-            ids[run.run_id] = new.info.run_id
+            created.append(_create(client, experiments[run.info["experiment"]], run))
+            ids[run.run_id] = created[-1]
         for run in todo.create:
             current = run
             _write(client, run, ids[run.run_id], ids)
     except BaseException as exc:
+        kept: list[str] = []
         for run_id in created:
-            with contextlib.suppress(Exception):
+            try:
                 client.delete_run(run_id)
+            except Exception as err:  # the store that failed the write may refuse this too
+                kept.append(f"{run_id} ({type(err).__name__}: {err})")
         where = f" at {current.describe()} ({current.folder})" if current else ""
+        undone = (
+            f"{len(kept)} of the {len(created)} runs it had created could not be deleted "
+            f"again, {kept[0]}{' and others' if len(kept) > 1 else ''}: the next import keeps "
+            f"those it had written whole and replaces the rest (tag {PENDING_TAG})"
+            if kept
+            else f"the {len(created)} runs it had created are deleted again"
+        )
         raise AblateError(
-            f"the import into {todo.uri} stopped{where}: {type(exc).__name__}: {exc}; the "
-            f"{len(created)} runs it had created are deleted again: fix the cause and import again"
+            f"the import into {todo.uri} stopped{where}: {type(exc).__name__}: {exc}; "
+            f"{undone}: fix the cause and import again"
         ) from exc
     return created
 
