@@ -256,12 +256,15 @@ def test_an_import_killed_half_way_is_finished_by_the_next(study, tmp_path, caps
     read = archive.read(study.archive)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
-    # what a SIGKILL leaves: every run created, two written whole, a third up to its end
+    # what a SIGKILL leaves: every run created, two written whole (the tuned one names a trial
+    # still pending), a third up to its end
     exps = {n: prepare(uri, n) for n in {r.info["experiment"] for r in read.runs}}
     ids = {r.run_id: import_._create(client, exps[r.info["experiment"]], r) for r in read.runs}
-    for run in read.runs[:2]:
+    tuned = next(r for r in read.runs if TUNED_TAG in r.tags)
+    parent = next(r for r in read.runs if r.tags.get("ablate.role") == "sweep")
+    for run in (parent, tuned):
         import_._write(client, run, ids[run.run_id], ids)
-    third = next(r for r in read.runs[2:] if archive.IDENTITY_TAG in r.tags)
+    third = next(r for r in read.runs if r.params.get("freeze.name") == "none")
     client.set_tag(ids[third.run_id], archive.IDENTITY_TAG, third.tags[archive.IDENTITY_TAG])
     client.set_terminated(ids[third.run_id], "FINISHED")  # not a twin that blocks the import
 
@@ -276,7 +279,12 @@ def test_an_import_killed_half_way_is_finished_by_the_next(study, tmp_path, caps
         assert live[run.run_id].info.status == run.info["status"]
         assert archive.PENDING_TAG not in live[run.run_id].data.tags
     gone = [r for r in _every_run(uri) if r.info.lifecycle_stage == "deleted"]
-    assert sorted(r.info.run_id for r in gone) == sorted(ids[r.run_id] for r in read.runs[2:])
+    pending = [r for r in read.runs if r not in (parent, tuned)]
+    assert sorted(r.info.run_id for r in gone) == sorted(ids[r.run_id] for r in pending)
+    # the whole run kept now names its trial's new run, and the new runs their kept parent
+    trial = live[tuned.tags[TUNED_TAG]].info.run_id
+    assert live[tuned.run_id].data.tags[TUNED_TAG] == trial
+    assert live[third.run_id].data.tags[archive.PARENT_TAG] == live[parent.run_id].info.run_id
 
 
 def test_an_archived_deleted_run_is_imported_once(study, tmp_path, capsys):

@@ -173,8 +173,9 @@ def _has_artifact(client: MlflowClient, run, path: str) -> bool:
         return True
     uri = run.info.artifact_uri
     if is_local_uri(uri, is_tracking_or_registry_uri=False):
-        # MLflow lists a missing folder as empty: a run without artifacts has no folder, but its
-        # experiment's (mlartifacts/<experiment id>) is there unless the artifacts are not
+        # MLflow lists a missing folder as empty: a run without artifacts has no folder, but the
+        # one its folder sits in (the experiment's artifact location) is there unless the
+        # store's artifacts are not
         root = Path(local_file_uri_to_path(uri)).parent.parent
         if not root.is_dir():
             raise _unreadable(run, path, f"{root} does not exist")

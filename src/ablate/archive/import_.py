@@ -46,7 +46,9 @@ class Plan:
     uri: str
     held: dict[str, str] = field(default_factory=dict)
     create: list[ArchivedRun] = field(default_factory=list)
-    replace: list[str] = field(default_factory=list)
+    replace: dict[str, str] = field(default_factory=dict)  # store id -> archive run id
+    # held runs' tags that name a run, where one names a run in ``replace``: re-pointed
+    refs: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _is_new_sqlite(uri: str) -> bool:
@@ -113,7 +115,7 @@ def plan(archive: Archive, uri: str) -> Plan:
 
         check_reachable(uri)
     client = MlflowClient(tracking_uri=uri)
-    own = set().union(*(r.aliases for r in archive.runs))  # ids that are this archive's runs
+    own = {a: r.run_id for r in archive.runs for a in r.aliases}  # ids of this archive's runs
     by_alias: dict[tuple[str, str], list] = {}
     finished: dict[tuple[str, str], list] = {}
     try:
@@ -131,14 +133,13 @@ def plan(archive: Archive, uri: str) -> Plan:
                 tags, active = run.data.tags, run.info.lifecycle_stage == "active"
                 if PENDING_TAG in tags and ORIGIN_TAG not in tags:
                     if active and tags[PENDING_TAG] in own:
-                        out.replace.append(run.info.run_id)
+                        out.replace[run.info.run_id] = own[tags[PENDING_TAG]]
                     continue
                 aliases = {run.info.run_id, tags.get(ORIGIN_TAG)} - {None}
                 for alias in aliases:
                     by_alias.setdefault((name, alias), []).append(run)
-                # a run of this archive (imported before it grew) is no other run
-                twin = run.info.status == "FINISHED" and IDENTITY_TAG in tags and not aliases & own
-                if active and twin:
+                ours = bool(aliases & own.keys())  # this archive's, imported before it grew
+                if active and not ours and run.info.status == "FINISHED" and IDENTITY_TAG in tags:
                     finished.setdefault((name, tags[IDENTITY_TAG]), []).append(run)
     except MlflowException as exc:
         raise AblateError(
@@ -155,6 +156,9 @@ def plan(archive: Archive, uri: str) -> Plan:
         )
         if there is not None:
             out.held[run.run_id] = there.info.run_id
+            refs = _references(there.data.tags)
+            if there.info.lifecycle_stage == "active" and _remap(refs, out.replace) != refs:
+                out.refs[there.info.run_id] = refs  # written before a run now replaced
             if (what := _differs(run, there)) is not None:
                 delete = (
                     f" or delete that run first (mlflow runs delete --run-id {there.info.run_id})"
@@ -183,13 +187,18 @@ def plan(archive: Archive, uri: str) -> Plan:
     return out
 
 
+def _names_a_run(key: str) -> bool:
+    return key in (PARENT_TAG, TUNED_TAG) or key.startswith(REFERENCE_PREFIXES)
+
+
+def _references(tags: dict[str, str]) -> dict[str, str]:
+    """The tags of ``tags`` that name other runs."""
+    return {k: v for k, v in tags.items() if _names_a_run(k) or k == MOVED_TAG}
+
+
 def _remap(tags: dict[str, str], ids: dict[str, str]) -> dict[str, str]:
     """``tags`` with every tag that names a run pointed at that run's id in this store."""
-
-    def names_a_run(key: str) -> bool:
-        return key in (PARENT_TAG, TUNED_TAG) or key.startswith(REFERENCE_PREFIXES)
-
-    out = {k: ids.get(v, v) if names_a_run(k) else v for k, v in tags.items()}
+    out = {k: ids.get(v, v) if _names_a_run(k) else v for k, v in tags.items()}
     if MOVED_TAG in out:
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             moved = [
@@ -260,8 +269,9 @@ def _write(client: MlflowClient, run: ArchivedRun, new_id: str, ids: dict[str, s
 
 def apply(archive: Archive, todo: Plan) -> list[str]:
     """Delete the runs a stopped import left unfinished (``todo.replace``), create the runs
-    ``todo`` plans (``plan``), parents' ids and references remapped; return their new ids. A
-    failure deletes the runs created so far and raises an ``AblateError``."""
+    ``todo`` plans (``plan``), parents' ids and references remapped (a held run's too, where it
+    named a replaced run); return their new ids. A failure deletes the runs created so far and
+    raises an ``AblateError``."""
     from ablate.tracking.store import prepare
 
     client = MlflowClient(tracking_uri=todo.uri)
@@ -278,8 +288,6 @@ def apply(archive: Archive, todo: Plan) -> list[str]:
             f"note: {len(todo.replace)} runs a stopped import left unfinished in {todo.uri} "
             f"(tag {PENDING_TAG}) are deleted and imported again"
         )
-    if not todo.create:
-        return []
     experiments = {}
     for name in sorted({r.info["experiment"] for r in todo.create}):
         experiments[name] = prepare(todo.uri, name)  # sqlite: artifacts beside the store
@@ -294,6 +302,12 @@ def apply(archive: Archive, todo: Plan) -> list[str]:
         for run in todo.create:
             current = run
             _write(client, run, ids[run.run_id], ids)
+        current = None
+        new_ids = {old: ids[run_id] for old, run_id in todo.replace.items()}
+        for run_id, refs in todo.refs.items():
+            for key, value in _remap(refs, new_ids).items():
+                if value != refs[key]:
+                    client.set_tag(run_id, key, value)
     except BaseException as exc:
         kept: list[str] = []
         for run_id in created:
