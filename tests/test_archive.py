@@ -374,3 +374,36 @@ def test_an_export_that_cannot_read_artifacts_fails_and_keeps_the_old_archive(
     assert "is not readable" in err and str(tmp_path / "gone") in err
     assert "config.yaml" in err or "predictions/dev.json" in err
     assert _files(out) == _files(study.archive)  # the earlier archive is kept whole
+
+
+def test_a_failed_import_that_cannot_delete_its_runs_says_so_and_the_next_finishes_it(
+    study, tmp_path, capsys
+):
+    import sqlite3
+
+    read = archive.read(study.archive)
+    last = read.runs[-1]
+
+    def refused_param(folder, read):  # a param name MLflow refuses, in the last run written
+        params = folder / archive.RUNS / last.run_id / "params.json"
+        params.write_text(archive.dumps({**last.params, "a|b": "1"}))
+
+    bad, _ = _resigned(study, tmp_path, "bad", refused_param)
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    MlflowClient(uri).search_experiments()  # the store's schema, then a store refusing deletes
+    with sqlite3.connect(db) as con:  # (as a server that went away would)
+        con.execute(
+            "CREATE TRIGGER refuse BEFORE UPDATE OF lifecycle_stage ON runs "
+            "BEGIN SELECT RAISE(ABORT, 'deletes refused'); END"
+        )
+    err = _fails(["import", str(bad), "--uri", uri], capsys)
+    assert "5 of the 5 runs it had created could not be deleted again" in err
+    assert "deletes refused" in err and archive.PENDING_TAG in err
+    with sqlite3.connect(db) as con:
+        con.execute("DROP TRIGGER refuse")
+    assert archive_main(["import", str(study.archive), "--uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "1 runs a stopped import left unfinished" in out and "imported 1 of 5 runs" in out
+    live = {r.data.tags[archive.ORIGIN_TAG]: r for r in _all_runs(uri)}
+    assert len(_all_runs(uri)) == 5 and live[last.run_id].data.params == last.params
