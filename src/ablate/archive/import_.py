@@ -33,6 +33,7 @@ from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
 from ablate.report.load import MlflowClient, MlflowException
 from ablate.tracking.journal import chunks
+from ablate.tracking.store import all_runs
 
 # MLflow's log_batch limits per request
 _METRICS_PER_BATCH = 1000  # MLflow's limit of metric points per batch (params, tags: chunks')
@@ -53,22 +54,6 @@ class Plan:
 
 def _is_new_sqlite(uri: str) -> bool:
     return uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file()
-
-
-def _every_run(client: MlflowClient, experiment_id: str) -> list:
-    """Every run of the experiment, deleted ones too (an archive may hold a deleted run)."""
-    from mlflow.entities import ViewType
-
-    # store.all_runs reads active runs only; the same paging, every lifecycle stage
-    runs, token = [], None
-    while True:
-        page = client.search_runs(
-            [experiment_id], run_view_type=ViewType.ALL, max_results=1000, page_token=token
-        )
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 def _latest(points: list[tuple[str, int, int, float]]) -> dict[str, float]:
@@ -129,7 +114,7 @@ def plan(archive: Archive, uri: str) -> Plan:
                     f"experiments restore --experiment-id {exp.experiment_id}) or import into "
                     "another store (--uri)"
                 )
-            for run in _every_run(client, exp.experiment_id):
+            for run in all_runs(client, exp.experiment_id, deleted=True):
                 tags, active = run.data.tags, run.info.lifecycle_stage == "active"
                 if PENDING_TAG in tags and ORIGIN_TAG not in tags:
                     if active and tags[PENDING_TAG] in own:

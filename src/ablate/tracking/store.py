@@ -114,14 +114,18 @@ def prepare(uri: str, experiment: str, stale_after_min: float | None = None) -> 
     return exp.experiment_id
 
 
-def all_runs(client, experiment_id: str, filter_string: str = "") -> list:
-    """Every run of the experiment (that ``filter_string`` selects), every page read."""
+def all_runs(client, experiment_id: str, filter_string: str = "", *, deleted: bool = False) -> list:
+    """Every run of the experiment (that ``filter_string`` selects), every page read; the
+    deleted ones too with ``deleted``."""
+    from mlflow.entities import ViewType
+
     # mlflow.search_runs pages by itself, but only through the process-wide tracking URI, which
     # reading a store given by --uri must not change: this client's pages, read to the end.
+    view = ViewType.ALL if deleted else ViewType.ACTIVE_ONLY
     runs, token = [], None
     while True:
         page = client.search_runs(
-            [experiment_id], filter_string, max_results=1000, page_token=token
+            [experiment_id], filter_string, view, max_results=1000, page_token=token
         )
         runs.extend(page)
         token = page.token
