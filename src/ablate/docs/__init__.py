@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import re
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from omegaconf import MISSING
 from ablate import config, switches
 from ablate.config import conf_dir, project_root
 from ablate.docs import results
-from ablate.docs.results import ARCHIVE, NoResults, regenerate
+from ablate.docs.results import ARCHIVE, NoResults
 from ablate.errors import AblateError
 from ablate.tables import markdown_table
 
@@ -186,6 +187,30 @@ def render(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
         )
         text = pattern.sub(lambda m, f=fn: f"{m[1]}{content(f, m['arg'])}\n{m[3]}", text)
     return text
+
+
+def regenerate(folder: Path) -> None:
+    """Rebuild the report in ``folder`` (summary.md, summary.csv, runs.csv, charts) from the
+    archive beside it (``folder/archive``): imported into a temporary store and reported with the
+    command the archive names. runs.csv and summary.md then name the archive's run ids and the
+    archive, not the temporary store's."""
+    from ablate.archive import read, report_args
+    from ablate.archive.import_ import import_archive
+    from ablate.report.cli import main as report
+
+    held = read(folder / ARCHIVE)
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
+        _, ids = import_archive(held, uri)
+        args = [*report_args(held.index["scope"]), "--uri", uri, "--out", str(folder)]
+        if report(args) != 0:
+            raise AblateError(f"{folder / ARCHIVE}: the report of its runs failed (above)")
+    # the temporary store's ids and address mean nothing once it is gone: the archive's instead
+    back = {new: old for old, new in ids.items()}
+    for name in ("runs.csv", "summary.md"):
+        path = folder / name
+        text = re.sub(r"\b[0-9a-f]{32}\b", lambda m: back.get(m[0], m[0]), path.read_text("utf-8"))
+        path.write_text(text.replace(uri, f"the archive {ARCHIVE}/"), encoding="utf-8")
 
 
 def main() -> None:

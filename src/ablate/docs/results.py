@@ -1,17 +1,14 @@
 """The generated blocks about published studies (``docs/results/<study>/``): their tables,
 provenance, findings and source, computed from each study's report (``summary.csv``,
-``runs.csv``), and the rebuilding of a report from the archive beside it (``regenerate``)."""
+``runs.csv``) and the archive being redone beside it."""
 
 from __future__ import annotations
 
 import json
-import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ablate.config import project_root
-from ablate.errors import AblateError
 from ablate.report.render import millions, share
 from ablate.report.summary import LR_FROM_STUDY
 from ablate.tables import markdown_table
@@ -388,27 +385,3 @@ def lr_studies(study: str) -> str:
     columns = ["strategy", "trials", "pruned", "searched", "best lr", "best dev", "where"]
     columns += ["interior", "runs trained at"]
     return markdown_table(rows, columns, right=["trials", "pruned", "best dev", "where"])
-
-
-def regenerate(folder: Path) -> None:
-    """Rebuild the report in ``folder`` (summary.md, summary.csv, runs.csv, charts) from the
-    archive beside it (``folder/archive``): imported into a temporary store and reported with the
-    command the archive names. runs.csv and summary.md then name the archive's run ids and the
-    archive, not the temporary store's."""
-    from ablate.archive import read, report_args
-    from ablate.archive.import_ import import_archive
-    from ablate.report.cli import main as report
-
-    held = read(folder / ARCHIVE)
-    with tempfile.TemporaryDirectory() as tmp:
-        uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
-        _, ids = import_archive(held, uri)
-        args = [*report_args(held.index["scope"]), "--uri", uri, "--out", str(folder)]
-        if report(args) != 0:
-            raise AblateError(f"{folder / ARCHIVE}: the report of its runs failed (above)")
-    # the temporary store's ids and address mean nothing once it is gone: the archive's instead
-    back = {new: old for old, new in ids.items()}
-    for name in ("runs.csv", "summary.md"):
-        path = folder / name
-        text = re.sub(r"\b[0-9a-f]{32}\b", lambda m: back.get(m[0], m[0]), path.read_text("utf-8"))
-        path.write_text(text.replace(uri, f"the archive {ARCHIVE}/"), encoding="utf-8")
