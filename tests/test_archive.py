@@ -213,10 +213,10 @@ def test_a_results_page_is_regenerated_from_the_archive_beside_it(study, tmp_pat
 
 def test_a_study_page_tabulates_its_lr_studies_per_pruner_from_their_archives(study, tmp_path):
     page = tmp_path / "results" / "tiny"
-    out = page / docs.results.PRUNING / "median"
+    out = page / docs.lrstudies.PRUNING / "median"
     argv = ["export", "--uri", study.store, "--experiment", LR_EXPERIMENT, "--all", str(out)]
     assert archive_main(argv) == 0
-    rows = [line.split(" | ") for line in docs.results.lr_pruning(str(page)).splitlines()[2:]]
+    rows = [line.split(" | ") for line in docs.lrstudies.lr_pruning(str(page)).splitlines()[2:]]
     trials = [r for r in _all_runs(study.store) if r.data.tags.get("study") == STUDY]
     top = max(trials, key=lambda r: r.data.metrics["best_dev_accuracy"])
     client = MlflowClient(study.store)
@@ -226,7 +226,7 @@ def test_a_study_page_tabulates_its_lr_studies_per_pruner_from_their_archives(st
     assert rows[0][7] == f"{float(top.data.params['trainer.lr']):.3g}"
     assert rows[0][8].rstrip(" |") == f"{100 * top.data.metrics['best_dev_accuracy']:.2f}"
     with pytest.raises(docs.results.NoResults, match="No lr studies archived"):
-        docs.results.lr_pruning(str(tmp_path / "none"))
+        docs.lrstudies.lr_pruning(str(tmp_path / "none"))
 
 
 def _resigned(study, tmp_path: Path, name: str, edit) -> tuple[Path, archive.Archive]:

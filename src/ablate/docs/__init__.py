@@ -22,7 +22,7 @@ from omegaconf import MISSING
 
 from ablate import config, switches
 from ablate.config import conf_dir, project_root
-from ablate.docs import results
+from ablate.docs import lrstudies, results
 from ablate.docs.results import ARCHIVE, NoResults
 from ablate.errors import AblateError
 from ablate.tables import markdown_table
@@ -32,6 +32,7 @@ FILES = (
     "docs/config.md",
     "docs/speed.md",
     "docs/tasks-and-strategies.md",
+    "docs/operations.md",
     "docs/results/README.md",
 )
 
@@ -162,10 +163,11 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "results-table": results.results_table,
     "results-reruns": functools.partial(results.results_table, rerun=True),
     "results-findings": results.results_findings,
+    "results-best": results.results_best,
     "results-provenance": results.results_provenance,
     "results-source": results.results_source,
-    "lr-pruning": results.lr_pruning,
-    "lr-studies": results.lr_studies,
+    "lr-pruning": lrstudies.lr_pruning,
+    "lr-studies": lrstudies.lr_studies,
 }
 
 
