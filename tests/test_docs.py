@@ -83,6 +83,10 @@ def test_each_published_run_rerun_so_far_gives_its_published_scores():
             new = mine[0]["published_lr"] is None
             was = "new" if new else f"{mine[0]['published_lr']:.3g}"
             assert said.count(f"| `{freeze}` | {mine[0]['lr']:.3g} | {was} |") == 1, study
+            if not new:  # by how much its dev accuracy changed, over the seeds both have
+                change = sum(r["dev"] - r["published_dev"] for r in mine) / len(mine)
+                row = next(x for x in said.splitlines() if x.startswith(f"| `{freeze}` |"))
+                assert abs(float(row.split(" | ")[6]) - 100 * change) <= 0.005 + 1e-9, row
         # one lr per strategy: a strategy redone at a new lr counts only its latest runs
         for freeze in {r["freeze"] for r in rows}:
             assert len({r["lr"] for r in rows if r["freeze"] == freeze}) == 1, (study, freeze)

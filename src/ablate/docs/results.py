@@ -301,25 +301,42 @@ def _reruns_said(study: str) -> str:
 
 
 REDONE_COLUMNS = ["strategy", "lr", "published lr", "seeds", "dev accuracy (%)", "published dev",
-                  "test accuracy (%)", "published test", "trainable params (M)"]  # fmt: skip
+                  "dev change (pt)", "test accuracy (%)", "published test",
+                  "trainable params (M)"]  # fmt: skip
+
+
+def _change(rows: list[dict]) -> str:
+    """The mean dev accuracy of ``rows`` against their published mean, in points."""
+    pairs = [
+        (r["dev"], r["published_dev"]) for r in rows if None not in (r["dev"], r["published_dev"])
+    ]
+    if not pairs:
+        return "—"
+    return f"{round(100 * sum(a - b for a, b in pairs) / len(pairs), 2) + 0.0:+.2f}"  # no -0.00
 
 
 def _redone_table(found: list[dict], same: set[str]) -> str:
     """The strategies of ``found`` (``reruns``) not rerun at their published lr, one row each:
-    lr, seeds, dev and test against their published values (``new`` where the published study
-    did not have the strategy), trainable parameters; empty where there are none."""
+    lr, seeds, dev and test against their published values and the change of dev accuracy
+    (``new`` where the published study did not have the strategy), trainable parameters; empty
+    where there are none."""
     lines = []
     for freeze in sorted({r["freeze"] for r in found} - same):  # ties keep this order
         rows = [r for r in found if r["freeze"] == freeze]
         was = rows[0]["published_lr"]  # None: a strategy the published study did not have
         published = (
-            ["new", "—", "—"]
+            ["new", "—", "—", "—"]
             if was is None
-            else [f"{was:.3g}", _mean_pct(rows, "published_dev"), _mean_pct(rows, "published_test")]
+            else [
+                f"{was:.3g}",
+                _mean_pct(rows, "published_dev"),
+                _change(rows),
+                _mean_pct(rows, "published_test"),
+            ]  # fmt: skip
         )
         lines.append([f"`{freeze}`", f"{rows[0]['lr']:.3g}", published[0],
                       ", ".join(sorted(r["seed"] for r in rows)), _mean_pct(rows, "dev"),
-                      published[1], _mean_pct(rows, "test"), published[2],
+                      published[1], published[2], _mean_pct(rows, "test"), published[3],
                       millions(rows[0]["trainable_params"] / 1e6)
                       if rows[0]["trainable_params"] is not None else "?"])  # fmt: skip
     lines.sort(key=lambda line: -float(line[4]) if line[4] != "?" else 0.0)
