@@ -70,7 +70,8 @@ def test_a_study_killed_mid_trial_continues_and_two_workers_double_no_trial(
         "lr_study.pruner=none", "lr_study.widen=0", "trainer.epochs=1",
     ]  # fmt: skip
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-    first, second = _start(args, logs[0]), _start(args, logs[1])
+    # the second worker with threads of its own (not a setting: its trials are the study's)
+    first, second = _start(args, logs[0]), _start([*args, "trainer.threads=1"], logs[1])
     # SIGKILL the first worker (not its trial: a SIGKILL reaches no child) while its trial's
     # run is open.
     child = None
@@ -304,3 +305,13 @@ def test_a_trial_asked_when_the_study_had_its_trials_is_dropped_unrun(slice_root
         lrstudy._trial(study, late, cfg, [], tmp_path / "jobs")
     assert not (tmp_path / "jobs").exists() and "process" not in late.user_attrs
     assert running.number < late.number
+
+
+def test_a_study_is_named_by_its_trials_settings_not_by_a_workers_resources():
+    def name(*extra: str) -> str:
+        options, overrides = study_cli.for_studies(["experiment=fair", "freeze=lora", *extra])
+        return lrstorage.study_name(study_cli.compose_trial(options[0], overrides))
+
+    plain = name()
+    assert name("trainer.threads=1", "trainer.eval_batch_size=8") == plain
+    assert name("trainer.epochs=3") != plain and name("trainer.weight_decay=0.1") != plain

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import logging
 import os
@@ -19,8 +20,9 @@ from typing import TYPE_CHECKING
 
 import optuna
 from filelock import FileLock
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
+from ablate.config import schema_keys
 from ablate.errors import AblateError
 from ablate.lrstudy import pruner, remote
 from ablate.lrstudy.seed import seed
@@ -87,10 +89,22 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
 
 
 def study_name(cfg: TrainCore) -> str:
-    """The study tag plus a digest of the trials' settings (lr aside) and the configured range."""
+    """The study tag plus a digest of the trials' settings (lr aside) and the configured range.
+    Keys whose runs compare as one setting (``setting=False``: a worker's threads, its eval
+    batch) are taken at their defaults, so workers that differ only there join one study."""
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         cfg.trainer.lr = 0.0
+        for dotted, f in schema_keys():
+            meta = f.metadata
+            # the model's folder: its identity counts the files' content, not the path
+            if (
+                meta.get("identity", True)
+                and not meta.get("setting", True)
+                and (dotted != "model.name_or_path")
+            ):
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                OmegaConf.update(cfg, dotted, default, merge=False)
     digest = hashlib.sha256(f"{identity(cfg)} {list(cfg.lr_study.range)}".encode()).hexdigest()
     return f"{cfg.tracking.tags.study}-{digest[:8]}"
 
