@@ -39,10 +39,19 @@ def test_cli_writes_every_chart_and_both_tables(report_cli):
 
 
 def test_summary_numbers_equal_logged_metrics(report_grid, report_cli):
+    from ablate.report.cell import loaded
+
     by = logged(report_grid)
     csv = pd.read_csv(report_cli.out / "summary.csv")
     assert list(csv.strategy) == ["none", "all"]  # the fixed order, baseline first
     base = by["none"]
+    # times count from the runs no other work loaded (the suite may load the machine)
+    frame = report.load_runs("ablate", report_grid.store, status="FINISHED").runs
+    busy = set(frame.run_id[loaded(frame)])
+
+    def timed(runs: list) -> list:
+        return [r for r in runs if r.info.run_id not in busy] or runs
+
     for strategy, runs in by.items():
         row = csv[csv.strategy == strategy].iloc[0]
         m = [r.data.metrics for r in runs]
@@ -59,10 +68,10 @@ def test_summary_numbers_equal_logged_metrics(report_grid, report_cli):
         base_params = mean([r.data.metrics["trainable_params"] for r in base])
         assert row.trainable_params_m == pytest.approx(params / 1e6, rel=1e-12)
         assert row.param_savings_pct == pytest.approx(100 * (1 - params / base_params))
-        time = mean([epoch_seconds(report_grid, r) for r in runs])
-        base_time = mean([epoch_seconds(report_grid, r) for r in base])
+        time = mean([epoch_seconds(report_grid, r) for r in timed(runs)])
+        base_time = mean([epoch_seconds(report_grid, r) for r in timed(base)])
         assert row.train_time_s == pytest.approx(time, rel=1e-12)
-        runtime = mean([x["train_runtime_s"] for x in m])
+        runtime = mean([r.data.metrics["train_runtime_s"] for r in timed(runs)])
         assert row.trainer_runtime_s == pytest.approx(runtime, rel=1e-12)
         assert row.time_savings_pct == pytest.approx(100 * (1 - time / base_time))
         base_dev = [b.data.metrics["dev_accuracy"] for b in base]
@@ -187,6 +196,23 @@ def test_a_key_one_strategy_owns_still_tells_the_others_groups_apart(report_grid
     rep = report.build(report.Runs(pd.concat([df, entry]), runs.history, params, runs.source))
     panels = rep.runs.groupby("panel").freeze.apply(set).to_dict()
     assert panels["UD_Naija-Slice · hidden_dropout_prob=0.3"] == {"first4"}
+
+
+def test_runs_record_their_cpu_and_a_report_across_machines_says_so(report_grid):
+    from ablate.tracking.provenance import cpu_model
+
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    df = runs.runs
+    assert set(df.cpu) == {cpu_model()} and cpu_model() not in ("", "unknown")
+    rep = report.build(runs)
+    assert not [n for n in rep.notes if "different machines" in n]
+    # the grid's `all` runs trained elsewhere, and one of `none`'s before runs recorded a CPU
+    moved = df.assign(cpu=df.cpu.where(df.freeze != "all", "Other CPU"))
+    moved.loc[moved[moved.freeze == "none"].index[0], "cpu"] = None
+    rep = report.build(report.Runs(moved, runs.history, runs.params, runs.source))
+    (note,) = [n for n in rep.notes if "different machines" in n]
+    assert f"({cpu_model()}: none" in note and "; Other CPU: all; not recorded: none)" in note
+    assert note.endswith("train times and their savings compare only between runs on one machine.")
 
 
 def test_strategy_order():

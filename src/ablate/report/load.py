@@ -16,7 +16,7 @@ from ablate.config import RECIPE_LR_TAG, TUNED_TAG, default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import scope
 from ablate.tracking.history import latest_per_step
-from ablate.tracking.params import OPTION_KEYS_TAG, RESUMED_TAG, primary_metric
+from ablate.tracking.params import CPU_TAG, OPTION_KEYS_TAG, RESUMED_TAG, primary_metric
 from ablate.tracking.store import all_runs, check_reachable
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -238,6 +238,7 @@ def load_runs(
                 "recipe_lr": tags.get(RECIPE_LR_TAG),  # the lr that one replaced
                 "option_keys": tags.get(OPTION_KEYS_TAG),  # its option's own keys, as it ran
                 "resumed": tags.get(RESUMED_TAG) == "true",  # its MLflow run reopened
+                "cpu": tags.get(CPU_TAG),  # the machine its times were measured on
                 "wall_s": (r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else None,
                 "sweep_dir": tags.get("hydra.sweep_dir"),
                 "job_num": _int(tags.get("hydra.job_num")),
@@ -339,6 +340,7 @@ _RUN_COLUMNS = [
     "recipe_lr",
     "option_keys",
     "resumed",
+    "cpu",
     "wall_s",
     "sweep_dir",
     "job_num",

@@ -240,6 +240,18 @@ _SUMMARY_COLUMNS = [
 ]  # fmt: skip
 
 
+def _machines(group: pd.DataFrame) -> str:
+    """The CPUs a panel's runs trained on, each with its strategies, where there are several
+    (a run from before runs recorded theirs: not recorded); empty where all ran on one."""
+    cpu = group.cpu.fillna("not recorded")
+    if cpu.nunique() < 2:
+        return ""
+    return "; ".join(
+        f"{name}: {', '.join(strategy_order(group.freeze[cpu == name].unique()))}"
+        for name in sorted(cpu.unique())
+    )
+
+
 def _load_said(busy: pd.DataFrame) -> str:
     """How loaded ``busy``'s runs were: their machine's threads per CPU, their GPU's jobs."""
     said = []
@@ -305,6 +317,11 @@ def build(
                 f"{panel}: runs measured on a loaded machine ({_load_said(busy)}): {which}. "
                 f"Their accuracy counts; their times count only where every seed of the strategy "
                 f"was loaded, and are marked *: compare those with care."
+            )
+        if machines := _machines(group):
+            notes.append(
+                f"{panel}: its runs trained on different machines ({machines}): train times and "
+                f"their savings compare only between runs on one machine."
             )
         counts = group.groupby("freeze").size()
         if counts.nunique() > 1:

@@ -28,6 +28,8 @@ PINS = "data.splits."
 OPTION_KEYS_TAG = "ablate.option_keys"
 # A run's tag: its MLflow run was reopened by a resume (its span counts the time it lay stopped)
 RESUMED_TAG = "ablate.resumed"
+# A run's tag: the model name of the CPU it ran on (its times compare only with that machine's)
+CPU_TAG = "cpu"
 
 
 def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:

@@ -20,7 +20,7 @@ from ablate.tracking.parent import in_multirun
 
 
 def environment() -> dict[str, str]:
-    """Versions, device and host: what a reader needs to reproduce a number."""
+    """Versions, device, CPU and host: what a reader needs to reproduce a number."""
     import importlib.metadata as md
     import platform
 
@@ -33,8 +33,24 @@ def environment() -> dict[str, str]:
         except md.PackageNotFoundError:
             info[package] = "absent"
     info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    info["cpu"] = cpu_model()
     info["host"] = socket.gethostname()
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what ``platform`` says): times compare
+    only between runs on the same kind of machine."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def process() -> dict[str, Any]:

@@ -28,6 +28,7 @@ from ablate.tracking.identity import identity
 from ablate.tracking.journal import FOLDER as JOURNAL
 from ablate.tracking.journal import Journal
 from ablate.tracking.params import (
+    CPU_TAG,
     OPTION_KEYS_TAG,
     RESUMED_TAG,
     flatten,
@@ -271,7 +272,7 @@ def start_run(
                 run.tags({RESUMED_TAG: "true"})
             run.tags(started_over)
             env = environment()
-            run.tags({**git_tags(), "device": env["device"], **sweep_tags()})
+            run.tags({**git_tags(), "device": env["device"], CPU_TAG: env["cpu"], **sweep_tags()})
             own = ",".join(sorted(option_keys(cfg.freeze.name))) if "name" in cfg.freeze else ""
             run.tags({"ablate.identity": ident, OPTION_KEYS_TAG: own, **this_process})
             run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr study trial's study=<name>)
