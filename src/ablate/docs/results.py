@@ -114,11 +114,11 @@ def results_findings(study: str = RESULTS) -> str:
             low, high = float(r["delta_ci_low_pt"]), float(r["delta_ci_high_pt"])
             ci = f" (95 % CI {low:+.2f} to {high:+.2f})"
         lr = " at the lr its own study picked" if r["lr_from"] == LR_FROM_STUDY else ""
-        params, time = (share(float(r[f"{k}_savings_pct"]), 0) for k in ("param", "time"))
+        params, saved = share(float(r["param_savings_pct"]), 0), float(r["time_savings_pct"])
+        time = f"{share(abs(saved), 0)} % {'less' if saved >= 0 else 'more'} training time"
         lines.append(
-            f"- `{r['strategy']}`{lr} trains {params} % fewer "
-            f"parameters in {time} % less training time, and scores "
-            f"{delta:+.2f} points of dev accuracy{ci}."
+            f"- `{r['strategy']}`{lr} trains {params} % fewer parameters in {time}, and "
+            f"scores {delta:+.2f} points of dev accuracy{ci}."
         )
     if best := results_best(study):
         lines.append(f"- {best}")
@@ -267,9 +267,9 @@ def _reruns_said(study: str) -> str:
     said = ""
     if complete:
         said = (
-            f" It redoes a study published from runs no longer held; that report, as it was, is "
-            f"kept in [{name}/{PUBLISHED}/]({name}/{PUBLISHED}/), and this page's tables are the "
-            f"redo's."
+            f" It redoes a study first published from a store since lost; that report, as it "
+            f"was, is kept in [{name}/{PUBLISHED}/]({name}/{PUBLISHED}/), and this page's tables "
+            f"are the redo's."
         )
     if same:
         runs = ", ".join(sorted(f"{r['freeze']} s{r['seed']}" for r in same))
