@@ -16,6 +16,7 @@ from ablate.config import project_root
 from ablate.data.files import sha256_of
 from ablate.tasks.pos import UPOS, read_conllu
 from ablate.tracking.params import selected
+from ablate.tracking.provenance import cpu_model
 from ablate.training.resources import usable_cpus
 
 
@@ -125,9 +126,11 @@ def test_datasets_a_few_tags_and_artifacts(single_run, slice_root, tmp_path):
     # the run page's tags: the record's few, MLflow's own (mlflow.*) aside; a finished run has
     # no liveness bookkeeping (its process, its heartbeat)
     assert {k for k in tags if not k.startswith("mlflow.")} == {
-        "git.commit", "git.dirty", "device", "freeze.frozen_blocks", "ablate.identity",
+        "git.commit", "git.dirty", "device", "cpu", "freeze.frozen_blocks", "ablate.identity",
         "ablate.checkpoint_dir", "ablate.option_keys",
     }  # fmt: skip
+    environment = run_info(client.tracking_uri, run.info.run_id)["environment"]
+    assert tags["cpu"] == environment["cpu"] == cpu_model()  # the machine its times are from
     assert not [k for k, v in run.data.metrics.items() if v == 0 and k.startswith("dev_")]
     assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's system metrics
     assert len(tags["git.commit"]) == 40 or not (project_root() / ".git").exists()
