@@ -225,7 +225,7 @@ def test_a_study_page_tabulates_its_lr_studies_per_pruner_from_their_archives(st
     assert rows[0][0] == f"| {STUDY}" and rows[0][1:5] == ["median", "2", "0", str(epochs)]
     assert rows[0][7] == f"{float(top.data.params['trainer.lr']):.3g}"
     assert rows[0][8].rstrip(" |") == f"{100 * top.data.metrics['best_dev_accuracy']:.2f}"
-    with pytest.raises(docs.results.NoResults, match="No lr studies archived"):
+    with pytest.raises(docs.studies.NoResults, match="No lr studies archived"):
         docs.lrstudies.lr_pruning(str(tmp_path / "none"))
 
 

@@ -48,7 +48,7 @@ def test_every_makefile_target_is_documented():
 
 def test_a_block_names_the_study_it_reads():
     plain = "<!-- results-table:start -->\n<!-- results-table:end -->\n"
-    name = f"results-table {docs.results.RESULTS}"
+    name = f"results-table {docs.studies.RESULTS}"
     named = f"<!-- {name}:start -->\nstale\n<!-- {name}:end -->\n"
     assert docs.render(named).splitlines()[1:-1] == docs.render(plain).splitlines()[1:-1]
     missing = docs.render(
@@ -67,10 +67,10 @@ def test_savings_never_round_a_partial_saving_to_all_or_nothing():
 
 def test_each_published_run_rerun_so_far_gives_its_published_scores():
     found = [p.name for p in (project_root() / "docs" / "results").iterdir()
-             if docs.results.redone(p.name)]  # fmt: skip
+             if docs.redo.redone(p.name)]  # fmt: skip
     assert "naija-fair" in found
     for study in found:
-        rows = docs.results.reruns(study)
+        rows = docs.redo.reruns(study)
         assert rows, study
         # the published recipe again: the same numbers; another lr (a redone study): the page
         # says so, each strategy once; a strategy the published study lacked: new
@@ -91,8 +91,8 @@ def test_each_published_run_rerun_so_far_gives_its_published_scores():
         for freeze in {r["freeze"] for r in rows}:
             assert len({r["lr"] for r in rows if r["freeze"] == freeze}) == 1, (study, freeze)
         # what remains: the redo's experiment's strategies the archive does not hold yet
-        if study in docs.results.REDONE_AS:
-            left = docs.results._still_to_run(study, {r["freeze"] for r in rows})
+        if study in docs.studies.EXPERIMENT:
+            left = docs.studies.still_to_run(study, {r["freeze"] for r in rows})
             assert not {r["freeze"] for r in rows} & set(left) and "none" in left + [
                 r["freeze"] for r in rows]  # fmt: skip
             assert (f"Still to run: {', '.join(f'`{s}`' for s in left)}." in said) == bool(left)
@@ -104,7 +104,7 @@ def test_a_rerun_that_differs_from_its_published_row_is_named(tmp_path):
     study = tmp_path / "naija"
     source = project_root() / "docs" / "results" / "naija"
     # the Naija grid's archive, as if only part of it had been rerun yet
-    shutil.copytree(source / docs.results.ARCHIVE, study / docs.results.PARTIAL)
+    shutil.copytree(source / docs.studies.ARCHIVE, study / docs.studies.PARTIAL)
     lines = (source / "runs.csv").read_text(encoding="utf-8").splitlines()
     header = lines[0].split(",")
     col, fz, sd = header.index("dev"), header.index("freeze"), header.index("seed")
@@ -123,8 +123,8 @@ def test_a_redo_is_reported_against_its_published_report_so_far_and_once_complet
     import shutil
 
     source = project_root() / "docs" / "results" / "naija-fair"
-    archive, published = docs.results.redone("naija-fair")
-    assert (archive, published) == (source / docs.results.ARCHIVE, source / docs.results.PUBLISHED)
+    archive, published = docs.redo.redone("naija-fair")
+    assert (archive, published) == (source / docs.studies.ARCHIVE, source / docs.studies.PUBLISHED)
     said = docs.results.results_source("naija-fair")  # complete: its archive, its published/
     assert said.startswith("Generated from the archive beside this page")
     assert "kept in [naija-fair/published/](naija-fair/published/)" in said
@@ -132,30 +132,55 @@ def test_a_redo_is_reported_against_its_published_report_so_far_and_once_complet
     assert "Still to run" not in said  # every strategy its experiment's sweep lists
     # the same runs as a partial archive beside the published report: so far, what remains
     study = tmp_path / "naija-fair"
-    assert docs.results.redone(str(study)) is None  # nothing there: not redone
-    shutil.copytree(archive, study / docs.results.ARCHIVE)
-    assert docs.results.redone(str(study)) is None  # an archive alone: a study, not a redo
-    shutil.move(study / docs.results.ARCHIVE, study / docs.results.PARTIAL)
+    assert docs.redo.redone(str(study)) is None  # nothing there: not redone
+    shutil.copytree(archive, study / docs.studies.ARCHIVE)
+    assert docs.redo.redone(str(study)) is None  # an archive alone: a study, not a redo
+    shutil.move(study / docs.studies.ARCHIVE, study / docs.studies.PARTIAL)
     for name in ("summary.csv", "runs.csv"):
         shutil.copy(published / name, study / name)
-    assert docs.results.redone(str(study)) == (study / docs.results.PARTIAL, study)
-    assert docs.results.reruns(str(study)) == docs.results.reruns("naija-fair")
+    assert docs.redo.redone(str(study)) == (study / docs.studies.PARTIAL, study)
+    assert docs.redo.reruns(str(study)) == docs.redo.reruns("naija-fair")
     so_far = docs.results.results_source(str(study))
     assert so_far.startswith("**From runs no longer held.**")
     assert "Rerun from today's code so far: 3 of its 15 published runs (none s1" in so_far
     assert said.split("did not have):")[1].strip() == so_far.split("did not have):")[1].strip()
 
 
+def test_a_new_study_says_what_it_still_lacks_until_its_archive_holds_every_strategy(tmp_path):
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    # the EWT fair study: its experiment's sweep, read from its config
+    conf = OmegaConf.load(project_root() / "conf" / "experiment" / "fair_ewt.yaml")
+    wanted = str(conf.hydra.sweeper.params.freeze).split(",")
+    assert wanted[0] == "none" and "features" in wanted
+    study = tmp_path / "ewt-fair"
+    said = docs.results.results_source(str(study))
+    assert said == f"**Not run yet.** Still to run: {', '.join(f'`{s}`' for s in wanted)}."
+    # an archive of some of them beside the page (no published report: a study, not a redo)
+    source = project_root() / "docs" / "results" / "naija"
+    shutil.copytree(source / docs.studies.ARCHIVE, study / docs.studies.ARCHIVE)
+    held = docs.studies.held_strategies(study)
+    assert held == {"none", "first2", "first4", "alt", "all"}
+    said = docs.results.results_source(str(study))
+    assert said.startswith("Generated from the archive beside this page")
+    left = ", ".join(f"`{s}`" for s in wanted if s not in held)
+    assert said.endswith(f"Still to run: {left}.") and "`none`" not in said.split("Still")[1]
+    # a study of the paper grid lists nothing to run: its experiment's sweep is not its own
+    assert docs.studies.still_to_run(str(tmp_path / "naija"), set()) == []
+
+
 def test_the_lr_studies_table_counts_each_archived_studys_trials_and_its_best():
     from ablate.archive import read
 
     for study in ("naija-fair",):
-        archive, _ = docs.results.redone(study)
+        archive, _ = docs.redo.redone(study)
         held = read(archive)
         trials = {e["run_id"] for e in held.index["runs"] if e["role"] == "trial"}
         runs = [r for r in held.runs if r.run_id in trials]
         table = docs.lrstudies.lr_studies(study)
-        if archive.name == docs.results.ARCHIVE:  # complete: every tuned lr inside its range
+        if archive.name == docs.studies.ARCHIVE:  # complete: every tuned lr inside its range
             assert "**no**" not in table and "not yet" not in table, table
         for option in {r.params["freeze.name"] for r in runs}:
             mine = [r for r in runs if r.params["freeze.name"] == option]
@@ -212,9 +237,9 @@ def test_the_redone_table_takes_a_seeds_latest_finished_run_and_a_studys_latest_
 
     study = tmp_path / "naija-fair"
     source = project_root() / "docs" / "results" / "naija-fair"
-    shutil.copytree(source / docs.results.ARCHIVE, archive := study / docs.results.PARTIAL)
-    shutil.copy(source / docs.results.PUBLISHED / "runs.csv", study / "runs.csv")
-    before = {r["run"]: r for r in docs.results.reruns(str(study))}
+    shutil.copytree(source / docs.studies.ARCHIVE, archive := study / docs.studies.PARTIAL)
+    shutil.copy(source / docs.studies.PUBLISHED / "runs.csv", study / "runs.csv")
+    before = {r["run"]: r for r in docs.redo.reruns(str(study))}
     # head_only seed 1 again (skip_finished=false: the same settings), then a FAILED run at
     # another lr; a features study before this one, with other settings, its one trial the best
     _added(archive, "head_only-minilm-s1", "f" * 32, test_accuracy=0.5, dev_accuracy=0.5)
@@ -222,7 +247,7 @@ def test_the_redone_table_takes_a_seeds_latest_finished_run_and_a_studys_latest_
            params={"trainer.lr": "0.05"})  # fmt: skip
     _added(archive, "features", "e" * 32, role="trial", best_dev_accuracy=0.999, info={
            "start_time": 1}, params={"trainer.epochs": "3", "trainer.lr": "0.0099"})  # fmt: skip
-    rows = [r for r in docs.results.reruns(str(study)) if r["freeze"] == "head_only"]
+    rows = [r for r in docs.redo.reruns(str(study)) if r["freeze"] == "head_only"]
     assert sorted(r["seed"] for r in rows) == ["1", "2", "3"]  # the rerun supersedes seed 1
     assert {r["seed"]: r["dev"] for r in rows}["1"] == 0.5
     assert len(rows) == len([r for r in before.values() if r["freeze"] == "head_only"])

@@ -25,7 +25,7 @@ def test_a_report_reads_each_strategys_own_keys_as_its_runs_recorded_them():
 
 def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     cfg = compose_cfg("experiment=fair")
-    assert cfg.data.name == "naija" and cfg.skip_finished and cfg.tracking.experiment == "paper"
+    assert cfg.data.name == "naija" and cfg.skip_finished and cfg.tracking.experiment == "fair"
     zoo = ["ia3", "dora", "loha", "lokr", "adalora", "vera", "ln_tuning"]
     assert list(cfg.lr_study.freeze) == ["features", "head_only", "bitfit", "lora", *zoo]
     assert cfg.lr_study.experiment == "fair-lr"
@@ -47,6 +47,15 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     assert trial.tracking.tags.study == "lr-naija-minilm-lora" and not trial.trainer.keep_model
     assert study_cli.for_studies(["freeze=bitfit"]) == (["bitfit"], ["lr_study.freeze=[]"])
     assert study_cli.for_studies(["experiment=fair", "lr_study.freeze=[lora]"])[0] == ["lora"]
+    # on EWT: fair's protocol (range, lr studies' and runs' experiments), its own strategies
+    ewt = compose_cfg("experiment=fair_ewt")
+    assert ewt.data.name == "ewt" and ewt.tracking.experiment == "fair" and ewt.skip_finished
+    assert list(ewt.lr_study.freeze) == ["features", "bitfit", "lora", "loha", "dora"]
+    assert (ewt.lr_study.experiment, list(ewt.lr_study.range)) == ("fair-lr", [1e-5, 1e-2])
+    options, overrides = study_cli.for_studies(["experiment=fair_ewt"])
+    assert options == list(ewt.lr_study.freeze)
+    trial = study_cli.compose_trial("loha", overrides)
+    assert trial.tracking.tags.study == "lr-ewt-minilm-loha" and trial.data.name == "ewt"
 
 
 @pytest.mark.heavy
@@ -61,7 +70,7 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     given = " ".join(o for o in overrides if not o.startswith("hydra."))  # Hydra's own aside
     said = proc.stdout + proc.stderr
     assert f"first: python -m ablate.lrstudy experiment=fair {given} freeze=features" in said
-    assert not logged_runs(store, "paper")
+    assert not logged_runs(store, "fair")
 
     # The study: trials in fair-lr at the lrs the sampler proposes, within lr_study.range.
     search_args = [
@@ -81,7 +90,7 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     grid = ["--multirun", "experiment=fair", "freeze=none,features,ia3", "seed=1", *overrides]
     proc = run_cli(*grid)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = {r.data.params["freeze.name"]: r for r in logged_runs(store, "paper")}
+    runs = {r.data.params["freeze.name"]: r for r in logged_runs(store, "fair")}
     assert sorted(runs) == ["features", "ia3", "none"]
     features, none = runs["features"], runs["none"]
     assert features.data.params["trainer.lr"] == best.data.params["trainer.lr"]
@@ -101,12 +110,12 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     proc = run_cli(*grid)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0 and said.count("skip_finished: identical") == 3, said[-3000:]
-    assert len(logged_runs(store, "paper")) == 3
+    assert len(logged_runs(store, "fair")) == 3
 
     # One comparison: the head and the tuned lrs are the strategies' own, not other settings,
     # also where the lr a study replaced was a peft method's own default (ia3's 3e-3).
     assert runs["ia3"].data.tags[RECIPE_LR_TAG] == "0.003"
-    rep = report.make_report("paper", store)
+    rep = report.make_report("fair", store)
     assert rep.summary.panel.nunique() == 1
     assert not [n for n in rep.notes if "different settings" in n]
     rows = rep.summary.set_index("strategy")
@@ -125,7 +134,7 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     )
 
     # The published table's rerun command runs the study first where the lr came from one.
-    (pub := tmp_path / "published").mkdir()
+    (pub := tmp_path / "naija-fair").mkdir()  # the study run as experiment=fair
     rep.summary.to_csv(pub / "summary.csv", index=False)
     table = docs.results.results_table(str(pub), rerun=True).splitlines()
     (features_row,) = [line for line in table if line.startswith("| `features` |")]
@@ -133,4 +142,6 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
         "| `python -m ablate.lrstudy experiment=fair freeze=features`, then "
         "`python -m ablate.train --multirun experiment=fair freeze=features` |"
     )
+    (none_row,) = [line for line in table if line.startswith("| `none` |")]
+    assert none_row.endswith("| `python -m ablate.train --multirun experiment=fair freeze=none` |")
     assert "(tuned)" in features_row

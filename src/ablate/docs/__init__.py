@@ -23,7 +23,7 @@ from omegaconf import MISSING
 from ablate import config, switches
 from ablate.config import conf_dir, project_root
 from ablate.docs import lrstudies, results
-from ablate.docs.results import ARCHIVE, NoResults
+from ablate.docs.studies import ARCHIVE, NoResults
 from ablate.errors import AblateError
 from ablate.tables import markdown_table
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ablate.docs.results import ARCHIVE, PARTIAL, NoResults, current_runs, study_dir
+from ablate.docs.studies import ARCHIVE, PARTIAL, NoResults, current_runs, study_dir
 from ablate.tables import markdown_table
 
 PRUNING = "pruning"  # docs/results/<study>/pruning/<pruner>/: its lr studies' trials, archived
