@@ -340,6 +340,14 @@ def schema_keys() -> Iterator[tuple[str, dataclasses.Field]]:
             yield f.name, f
 
 
+def key_default(f: dataclasses.Field) -> Any:
+    """A schema key's default (its default factory's value), or ``MISSING`` where it has none
+    (the option of its group sets it)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING
+
+
 @functools.cache
 def flags(name: str) -> dict[str, Any]:
     """The ``identity``, ``setting``, ``added`` or ``option_input`` flag of every schema key, by

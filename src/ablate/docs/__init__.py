@@ -110,12 +110,7 @@ def _shown(value) -> str:
 
 
 def _default(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
-        value = MISSING
+    value = config.key_default(f)
     return "(per option)" if value == MISSING else f"`{_shown(value)}`"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import hashlib
 import logging
 import os
@@ -22,7 +21,7 @@ import optuna
 from filelock import FileLock
 from omegaconf import OmegaConf, open_dict
 
-from ablate.config import schema_keys
+from ablate.config import key_default, schema_keys
 from ablate.errors import AblateError
 from ablate.lrstudy import pruner, remote
 from ablate.lrstudy.seed import seed
@@ -103,8 +102,7 @@ def study_name(cfg: TrainCore) -> str:
                 and not meta.get("setting", True)
                 and (dotted != "model.name_or_path")
             ):
-                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                OmegaConf.update(cfg, dotted, default, merge=False)
+                OmegaConf.update(cfg, dotted, key_default(f), merge=False)
     digest = hashlib.sha256(f"{identity(cfg)} {list(cfg.lr_study.range)}".encode()).hexdigest()
     return f"{cfg.tracking.tags.study}-{digest[:8]}"
 

@@ -9,7 +9,6 @@ switches whose results are identical to the last digit are left out.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -27,12 +26,9 @@ def left_out(cfg: config.TrainCore) -> list[str]:
     and keys added since identities were first recorded while they keep their default."""
     out = []
     for dotted, f in config.schema_keys():
-        if not f.metadata.get("identity", True):
+        added = f.metadata.get("added") and OmegaConf.select(cfg, dotted) == config.key_default(f)
+        if added or not f.metadata.get("identity", True):
             out.append(dotted)
-        elif f.metadata.get("added"):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            if OmegaConf.select(cfg, dotted) == default:
-                out.append(dotted)
     return out
 
 

@@ -10,7 +10,6 @@ every key and runs logged with these compare alike.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -104,11 +103,7 @@ def defaults() -> dict[str, str]:
     """Every schema key that has a default, as MLflow logs it (a string), by dotted key."""
     out = {}
     for name, f in config.schema_keys():
-        if f.default is not dataclasses.MISSING and f.default is not MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
+        if (value := config.key_default(f)) == MISSING:
             continue
         if isinstance(value, str) and "${" in value:  # resolved per machine (a path, a URI)
             continue
