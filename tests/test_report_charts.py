@@ -148,3 +148,25 @@ def test_a_gpu_sweeps_workers_say_how_many_jobs_share_each_gpu(monkeypatch):
     assert resources.jobs_on_gpu("cuda:0") == 8 and resources.jobs_on_gpu("cpu") == 1
     resources.share_gpus(6, 4)  # six workers taking four GPUs in turn: at most two on one
     assert resources.jobs_on_gpu("cuda") == 2
+
+
+def test_the_time_charts_seed_dots_sit_alike_each_time_it_is_drawn(report_grid):
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    rep = report.build(report.Runs(runs.runs, runs.history, runs.params, runs.source))
+
+    def dots(seed: int) -> list[tuple[float, float]]:
+        np.random.seed(seed)  # whatever NumPy's global state, the chart is the same
+        fig = charts.train_time(rep)
+        kept = np.random.randint(1 << 30)  # the state drawing left as it found it
+        np.random.seed(seed)
+        assert kept == np.random.randint(1 << 30)
+        out = [(float(x), float(y)) for c in fig.axes[0].collections for x, y in c.get_offsets()]
+        plt.close(fig)
+        return out
+
+    first = dots(1)
+    assert len({x for x, _ in first}) == len(first) > 1  # jittered beside their bars
+    assert dots(2) == first

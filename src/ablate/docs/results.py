@@ -71,10 +71,34 @@ def results_provenance(study: str = RESULTS) -> str:
     )
 
 
+def _summary(study: str) -> list[dict]:
+    """The rows of ``study``'s ``summary.csv`` (``csv_rows``), each with ``loaded``: whether its
+    time saving rests on a time measured beside other work (its own or its baseline's), as the
+    report marks it."""
+    import pandas as pd
+
+    from ablate.report.cell import savings_loaded
+
+    rows = csv_rows(study)
+    table = pd.DataFrame(rows)
+    # a report older than the load columns recorded no load: not marked
+    for column in ("load_per_cpu", "busy_cpus_at_start", "jobs_on_gpu"):
+        table[column] = pd.to_numeric(table.get(column, pd.Series([""] * len(table))))
+    return [{**r, "loaded": busy} for r, busy in zip(rows, savings_loaded(table), strict=True)]
+
+
+def _at_lr(row: dict) -> str:
+    return " at the lr its own study picked" if row["lr_from"] == LR_FROM_STUDY else ""
+
+
+def _timed(row: dict) -> str:
+    return ", timed beside other work" if row["loaded"] else ""
+
+
 def results_findings(study: str = RESULTS) -> str:
     """What the published study's numbers say, a sentence per strategy against full
     fine-tuning, computed from its ``summary.csv``."""
-    rows = csv_rows(study)
+    rows = _summary(study)
     base = next((r for r in rows if r["delta_method"] == "baseline"), None)
     if base is None:
         return "No full fine-tuning (`none`) run: nothing to compare against."
@@ -91,12 +115,11 @@ def results_findings(study: str = RESULTS) -> str:
         if r["delta_ci_low_pt"]:
             low, high = float(r["delta_ci_low_pt"]), float(r["delta_ci_high_pt"])
             ci = f" (95 % CI {low:+.2f} to {high:+.2f})"
-        lr = " at the lr its own study picked" if r["lr_from"] == LR_FROM_STUDY else ""
         params, saved = share(float(r["param_savings_pct"]), 0), float(r["time_savings_pct"])
         time = f"{share(abs(saved), 0)} % {'less' if saved >= 0 else 'more'} training time"
         lines.append(
-            f"- `{r['strategy']}`{lr} trains {params} % fewer parameters in {time}, and "
-            f"scores {delta:+.2f} points of dev accuracy{ci}."
+            f"- `{r['strategy']}`{_at_lr(r)} trains {params} % fewer parameters in {time}"
+            f"{_timed(r)}, and scores {delta:+.2f} points of dev accuracy{ci}."
         )
     if best := results_best(study):
         lines.append(f"- {best}")
@@ -107,19 +130,9 @@ def results_best(study: str = RESULTS) -> str:
     """The strategy within half a point of full fine-tuning's dev accuracy that saves the most
     training time, with its savings, from the study's ``summary.csv``; empty where none is. A
     saving that rests on a time measured beside other work says so, as the report marks it."""
-    import pandas as pd
-
-    from ablate.report.cell import savings_loaded
-
-    rows = csv_rows(study)
-    table = pd.read_csv(study_dir(study) / "summary.csv")
-    # a report older than the load columns recorded no load: not marked
-    load = ["load_per_cpu", "busy_cpus_at_start", "jobs_on_gpu"]
-    table = table.reindex(columns=[*table.columns, *(c for c in load if c not in table)])
-    marked = savings_loaded(table).tolist()
     close = [
-        (r, busy)
-        for r, busy in zip(rows, marked, strict=True)
+        r
+        for r in _summary(study)
         if r["delta_method"] != "baseline"
         and r["delta_dev_pt"]
         and r["time_savings_pct"]
@@ -127,12 +140,10 @@ def results_best(study: str = RESULTS) -> str:
     ]
     if not close:
         return ""
-    r, busy = max(close, key=lambda pair: float(pair[0]["time_savings_pct"]))
-    lr = " at the lr its own study picked" if r["lr_from"] == LR_FROM_STUDY else ""
+    r = max(close, key=lambda row: float(row["time_savings_pct"]))
     return (
-        f"Within half a point of full fine-tuning, `{r['strategy']}`{lr} saves the most training "
-        f"time ({float(r['time_savings_pct']):.0f} %"
-        f"{', timed beside other work' if busy else ''}), training "
+        f"Within half a point of full fine-tuning, `{r['strategy']}`{_at_lr(r)} saves the most "
+        f"training time ({float(r['time_savings_pct']):.0f} %{_timed(r)}), training "
         f"{share(float(r['param_savings_pct']), 0)} % fewer parameters and scoring "
         f"{float(r['delta_dev_pt']):+.2f} points of dev accuracy."
     )
