@@ -277,6 +277,11 @@ def test_the_best_finding_names_the_cheapest_strategy_within_half_a_point(tmp_pa
     assert f"({best.time_savings_pct:.0f} %, timed beside other work)" in docs.results.results_best(
         str(study)
     )
+    # each strategy's finding says so too, its saving resting on the loaded baseline's time
+    findings = docs.results.results_findings(str(study)).splitlines()
+    assert "beside other work" not in findings[0]  # the baseline's own sentence: no saving
+    assert all("training time, timed beside other work, and scores" in f for f in findings[1:-1])
+    assert "beside other work" not in docs.results.results_findings(str(source.parent))
     table.loc[table.delta_method != "baseline", "delta_dev_pt"] = -0.6  # none within half a point
     table.to_csv(study / "summary.csv", index=False)
     assert docs.results.results_best(str(study)) == ""
