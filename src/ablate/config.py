@@ -333,19 +333,14 @@ def schema_keys() -> Iterator[tuple[str, dataclasses.Field]]:
     """Every leaf key of the schema as (dotted name, its field), groups in schema order."""
     register()
     for f in dataclasses.fields(TrainConfig):
-        if f.name in GROUPS:
-            for sub in dataclasses.fields(GROUPS[f.name]):
-                yield f"{f.name}.{sub.name}", sub
-        else:
-            yield f.name, f
+        subs = dataclasses.fields(GROUPS[f.name]) if f.name in GROUPS else ()
+        yield from ((f"{f.name}.{s.name}", s) for s in subs) if subs else [(f.name, f)]
 
 
 def key_default(f: dataclasses.Field) -> Any:
-    """A schema key's default (its default factory's value), or ``MISSING`` where it has none
-    (the option of its group sets it)."""
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else MISSING
+    """A schema key's default (its factory's value), or ``MISSING`` where its option sets it."""
+    factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+    return f.default if f.default is not dataclasses.MISSING else (factory or (lambda: MISSING))()
 
 
 @functools.cache
