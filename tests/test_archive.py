@@ -203,6 +203,8 @@ def test_a_results_page_is_regenerated_from_the_archive_beside_it(study, tmp_pat
     read = archive.read(page / docs.ARCHIVE)
     grid = [r.run_id for r in read.runs if read.index["runs"][read.runs.index(r)]["role"] == "run"]
     assert all(run_id in runs for run_id in grid)  # the archive's ids, not the temporary store's
+    said = (page / "summary.md").read_text().splitlines()[2]
+    assert said.startswith("Experiment `") and f"` in the archive `{docs.ARCHIVE}/` (" in said
     assert "from the archive" in docs.results.results_source(str(page))
     # made again, the same report to the byte, its charts too (seaborn's jitter is random)
     made = {p.name: p.read_bytes() for p in page.iterdir() if p.is_file()}

@@ -207,7 +207,8 @@ def regenerate(folder: Path) -> None:
     for name in ("runs.csv", "summary.md"):
         path = folder / name
         text = re.sub(r"\b[0-9a-f]{32}\b", lambda m: back.get(m[0], m[0]), path.read_text("utf-8"))
-        path.write_text(text.replace(uri, f"the archive {ARCHIVE}/"), encoding="utf-8")
+        text = text.replace(f"`{uri}`", f"the archive `{ARCHIVE}/`").replace(uri, f"{ARCHIVE}/")
+        path.write_text(text, encoding="utf-8")
 
 
 def main() -> None:
