@@ -215,6 +215,22 @@ def test_runs_record_their_cpu_and_a_report_across_machines_says_so(report_grid)
     assert note.endswith("train times and their savings compare only between runs on one machine.")
 
 
+def test_a_peak_that_may_hold_earlier_jobs_memory_is_marked(report_grid):
+    from ablate.report.render import CARRIED_MARK, markdown, table
+
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    df = runs.runs
+    # the grid's jobs ran in one process: each reset the process's peak as it started
+    assert (df.peak_rss_scope == "job").all() and df.job_num.max() > 0
+    assert "†" not in markdown(report.build(runs))
+    # runs recorded before ablate reset it: a later job's peak is marked, a first job's is not
+    old = df.assign(peak_rss_scope=None, job_num=df.job_num.where(df.freeze != "none", 0))
+    rep = report.build(report.Runs(old, runs.history, runs.params, runs.source))
+    shown = table(rep).set_index("strategy")["peak memory (MiB)"]
+    assert shown["all"].endswith(" †") and not shown["none"].endswith("†")
+    assert CARRIED_MARK.split(":")[0] in markdown(rep)
+
+
 def test_strategy_order():
     names = ["zeta", "gradual", "lora", "all", "alpha", "none", "first4", "bitfit", "embeddings"]
     assert report.strategy_order(names) == [

@@ -275,6 +275,16 @@ def test_a_job_with_a_bad_setting_leaves_no_run_and_the_sweep_goes_on(slice_root
     assert len(errors) == 1 and "block(s) [99] do not exist" in errors[0]
 
 
+def test_a_jobs_peak_memory_starts_from_what_its_process_holds_then():
+    from ablate.training.resources import peak_rss_mb, reset_peak_rss
+
+    block = b"\x01" * (400 * 2**20)  # an earlier job's peak: 400 MiB written, then freed
+    high = peak_rss_mb()
+    del block
+    assert reset_peak_rss() == "job"
+    assert peak_rss_mb() < high - 300
+
+
 def test_make_run_config_trains_the_packaged_minilm(tmp_path):
     """`make run`'s job (experiment=smoke): real MiniLM, real Naija, beats the majority tag."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -42,6 +42,14 @@ def loaded(df: pd.DataFrame) -> pd.Series:
     return busy_cpus(df) | busy_at_start(df) | shared_gpu(df)
 
 
+def peak_carried(df: pd.DataFrame) -> pd.Series:
+    """Which runs' peak memory may hold earlier jobs' too: a sweep's later jobs (``job_num`` >
+    0, in the process of earlier ones) whose job did not start from a reset high-water mark (the
+    ``PEAK_RSS_TAG`` says ``job``; runs recorded before ablate reset it say nothing)."""
+    later = pd.to_numeric(df.job_num, errors="coerce").fillna(0) > 0
+    return later & (df.peak_rss_scope != "job")
+
+
 def savings_loaded(summary: pd.DataFrame) -> pd.Series:
     """Which summary rows' time savings rest on a time measured beside other work: their own
     (``loaded``), or their panel's baseline's."""
@@ -96,6 +104,7 @@ def summary_row(
         # a resumed run's MLflow run spans the time it lay stopped too
         "wall_s": timed.wall_s[~timed.resumed.astype(bool)].mean(),
         "peak_rss_mb": cell.peak_rss_mb.mean(),
+        "peak_rss_carried": bool(peak_carried(cell).any()),
         "train_flops": cell.train_flops.mean(),
         "load_per_cpu": timed.load_per_cpu.max(),
         "jobs_on_gpu": timed.jobs_on_gpu.max(),

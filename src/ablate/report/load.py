@@ -18,6 +18,7 @@ from ablate.report import scope
 from ablate.tracking.history import latest_per_step
 from ablate.tracking.params import CPU_TAG, OPTION_KEYS_TAG, RESUMED_TAG, primary_metric
 from ablate.tracking.store import all_runs, check_reachable
+from ablate.training.resources import PEAK_RSS_TAG
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
@@ -239,6 +240,7 @@ def load_runs(
                 "option_keys": tags.get(OPTION_KEYS_TAG),  # its option's own keys, as it ran
                 "resumed": tags.get(RESUMED_TAG) == "true",  # its MLflow run reopened
                 "cpu": tags.get(CPU_TAG),  # the machine its times were measured on
+                "peak_rss_scope": tags.get(PEAK_RSS_TAG),  # job, process, or not recorded
                 "wall_s": (r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else None,
                 "sweep_dir": tags.get("hydra.sweep_dir"),
                 "job_num": _int(tags.get("hydra.job_num")),
@@ -341,6 +343,7 @@ _RUN_COLUMNS = [
     "option_keys",
     "resumed",
     "cpu",
+    "peak_rss_scope",
     "wall_s",
     "sweep_dir",
     "job_num",

@@ -98,7 +98,7 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
                 f"time savings vs {b} (%)": share(r.time_savings_pct) + saving_mark,
                 "train FLOPs": "–" if math.isnan(r.train_flops) else f"{r.train_flops:.3g}",
                 "wall time (s)": _num(r.wall_s, 0) + mark,
-                "peak memory (MiB)": _num(r.peak_rss_mb, 0),
+                "peak memory (MiB)": _num(r.peak_rss_mb, 0) + (" †" if r.peak_rss_carried else ""),
                 f"Δ dev vs {b} (pt) [95 % CI]": delta,
                 "interval": r.delta_method if r.delta_method != "baseline" else "",
             }
@@ -113,10 +113,21 @@ LOADED_MARK = (
 )
 
 
+CARRIED_MARK = (
+    "†: a peak that may include earlier jobs': a sweep's later job that ran in the process of "
+    "earlier ones and was recorded without resetting the process's peak as it started (runs "
+    "recorded before ablate did): at most that high."
+)
+
+
 def _legend(t: pd.DataFrame) -> list[str]:
-    """The line that says what ``*`` means, where a cell of ``t`` carries one."""
-    marked = t.apply(lambda c: c.astype(str).str.endswith(" *")).to_numpy().any()
-    return [inline(LOADED_MARK)] if marked else []
+    """The lines that say what ``*`` and ``†`` mean, where a cell of ``t`` carries one."""
+    ends = {
+        end for c in t.columns for end in (" *", " †") if t[c].astype(str).str.endswith(end).any()
+    }
+    return [
+        inline(line) for end, line in ((" *", LOADED_MARK), (" †", CARRIED_MARK)) if end in ends
+    ]
 
 
 # The columns of a short summary (a sweep's description in MLflow's narrow box), by the start

@@ -234,7 +234,7 @@ _SUMMARY_COLUMNS = [
     "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
     "trainable_params_m", "total_params_m", "param_savings_pct",
     "train_time_s", "train_time_s_std", "timed_seeds", "time_savings_pct", "trainer_runtime_s",
-    "wall_s", "peak_rss_mb", "train_flops", "load_per_cpu",
+    "wall_s", "peak_rss_mb", "peak_rss_carried", "train_flops", "load_per_cpu",
     "jobs_on_gpu", "busy_cpus_at_start",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
 ]  # fmt: skip

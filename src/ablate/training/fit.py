@@ -23,7 +23,13 @@ from ablate.training.callbacks import EpochLogger, SendEvaluated, dev_history
 from ablate.training.meter import CountingCollator, SpeedMeter
 from ablate.training.prepare import Prepared
 from ablate.training.recorder import Recorder
-from ablate.training.resources import busy_at_start, jobs_on_gpu, launcher_workers, peak_rss_mb
+from ablate.training.resources import (
+    PEAK_RSS_TAG,
+    busy_at_start,
+    jobs_on_gpu,
+    launcher_workers,
+    peak_rss_mb,
+)
 from ablate.training.trainer import CoreTrainer, trainer_class
 
 if TYPE_CHECKING:
@@ -67,6 +73,7 @@ def fit(cfg: TrainCore, prep: Prepared, record: Recorder) -> dict[str, float]:
     with quiet_libraries():
         results.update(final_evaluations(trainer, prep, record))
     results["peak_rss_mb"] = peak_rss_mb()
+    record.tags({PEAK_RSS_TAG: prep.peak_rss})
     # Metrics already logged are not logged again (a second point, at step 0): the per-epoch dev
     # metrics (the final model's are the last epoch's, or with early stopping the best epoch's:
     # best_dev_*) and counts equal to the split sizes (sst2's <split>_sentences).

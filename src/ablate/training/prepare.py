@@ -25,7 +25,7 @@ from ablate.models.build import build, load_tokenizer
 from ablate.models.source import check_source
 from ablate.strategies.base import Applied
 from ablate.training import arguments
-from ablate.training.resources import set_wait_policy, torch_threads
+from ablate.training.resources import reset_peak_rss, set_wait_policy, torch_threads
 
 if TYPE_CHECKING:
     from ablate.config import DataConfig, DataCore, TrainCore
@@ -49,6 +49,7 @@ class Prepared:
     device: str
     threads: int
     wait_policy: str  # OMP_WAIT_POLICY as this process's OpenMP runs with it
+    peak_rss: str  # whose peak memory peak_rss_mb measures: ``job`` or ``process``
 
 
 def read_extra_tests(data: DataCore, task: tasks.Task) -> dict[str, list[Sentence]]:
@@ -112,6 +113,7 @@ def cache_dir(data: DataConfig) -> Path | None:
 
 def prepare(cfg: TrainCore) -> Prepared:
     """Load and check everything ``cfg`` needs, in this process; nothing is recorded."""
+    peak_rss = reset_peak_rss()  # the job's memory from here: its data and model included
     threads = torch_threads(cfg.trainer)
     torch.set_num_threads(threads)
     wait_policy = set_wait_policy(
@@ -161,4 +163,5 @@ def prepare(cfg: TrainCore) -> Prepared:
         device,
         threads,
         wait_policy,
+        peak_rss,
     )

@@ -4,6 +4,7 @@ launcher's workers, and its peak memory."""
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import resource
@@ -308,6 +309,24 @@ def busy_at_start() -> float | None:
     return _busy_at_start
 
 
+# A run's tag: whose peak memory its peak_rss_mb is, ``job`` (its own, the high-water mark reset
+# as it started) or ``process`` (its process's since it started: a sweep's earlier jobs included)
+PEAK_RSS_TAG = "ablate.peak_rss"
+
+
+def reset_peak_rss() -> str:
+    """Reset this process's resident-memory high-water mark to what it holds now, so that
+    ``peak_rss_mb`` measures the job that starts (a sweep runs several jobs in one process);
+    ``job`` where it could, ``process`` where not (a kernel without ``/proc/self/clear_refs``)."""
+    gc.collect()  # an earlier job's model and trainer, unreachable now, out of the baseline
+    # psutil and resource read the mark but cannot reset it: Linux's clear_refs does (5: the peak)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return "process"
+    return "job"
+
+
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB."""
+    """Peak resident memory of this process since it started or since ``reset_peak_rss``, MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
