@@ -104,6 +104,8 @@ def test_make_ui_prints_each_experiments_runs_page_and_serves_it(store, monkeypa
     finally:
         os.killpg(proc.pid, 15)  # make and the server it started, nothing else
         proc.wait(timeout=30)
+    console = proc.stdout.read()  # what the user reads under the addresses: no library noise
+    assert "uvicorn running on" in console.lower() and "DeprecationWarning" not in console
     deadline = time.monotonic() + 60
     while ui_links.serving(store) is not None:  # the UI stops its workers before it exits
         assert time.monotonic() < deadline

@@ -55,7 +55,7 @@ from ablate.server.service_user import (
     own_folder,
     service_user,
 )
-from ablate.server.ui import NO_JOBS
+from ablate.server.ui import NO_JOBS, QUIET
 from ablate.tracking import procs
 from ablate.tracking.auth import as_user, check_server, health
 
@@ -232,7 +232,7 @@ def _start_mlflow(
     owner: tuple[int, int] | None = None,
 ) -> str:
     host = state.get("host", "127.0.0.1")
-    env = {**NO_JOBS, **service_env(folder), **auth_env}
+    env = {**NO_JOBS, **QUIET, **service_env(folder), **auth_env}
     cmd = [
         sys.executable,
         "-m",

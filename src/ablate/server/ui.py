@@ -34,6 +34,9 @@ from ablate.tracking.ui_links import (
 # runner and 7 huey consumers of ~240 MB each with every server; ablate's runs use none of it.
 # Off unless the environment turns it on.
 NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+# MLflow's server imports starlette's deprecated WSGI middleware: each of its workers warned once,
+# four two-line warnings under the addresses the user reads from this console
+QUIET = {"PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated:UserWarning"}
 
 
 def experiments(uri: str) -> list[tuple[str, str, list[str]]]:
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(OSError):  # a store's folder MLflow has yet to make
             path.write_text(json.dumps(record) + "\n")
     command = ["mlflow", "ui", "--backend-store-uri", args.uri, "--host", args.host]
-    for key, value in NO_JOBS.items():
+    for key, value in {**NO_JOBS, **QUIET}.items():
         os.environ.setdefault(key, value)
     os.execvp(sys.executable, [sys.executable, "-m", *command, "--port", str(args.port)])
 
