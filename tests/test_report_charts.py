@@ -86,6 +86,18 @@ def test_times_measured_on_a_loaded_machine_are_left_out_where_calm_ones_exist(r
     assert LOADED_MARK not in tables(calm_rep) + report.markdown(calm_rep)
 
 
+def test_a_panel_whose_times_come_from_several_machines_says_so_on_the_time_chart(report_grid):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    df = runs.runs.assign(busy_cpus_at_start=0.0, load_per_cpu=0.5)
+    titles = [a.get_title() for a in charts.train_time(report.build(runs)).axes[:1]]
+    assert "several machines" not in titles[0]  # the grid's runs trained here, on one CPU
+    moved = df.assign(cpu=df.cpu.where(df.freeze != "all", "Other CPU"))
+    rep = report.build(report.Runs(moved, runs.history, runs.params, runs.source))
+    title = charts.train_time(rep).axes[0].get_title()
+    assert title.endswith("times from several machines (the report's notes say which)")
+    assert [n for n in rep.notes if "different machines" in n]
+
+
 def test_a_saving_against_a_loaded_baseline_is_marked_and_a_resumed_runs_wall_time_left_out(
     report_grid,
 ):

@@ -243,7 +243,10 @@ def train_time(report: Report):
                 top, layout.base_value(s, report, "train_time_s"), f"{b} (baseline)"
             )
             top.set(xlabel="", ylabel="train time (s), no dev evaluation")
-            top.set_title(layout.panel_title(report, panel))
+            title = layout.panel_title(report, panel)
+            if runs.cpu.fillna("not recorded").nunique() > 1:  # as the report's notes say
+                title += "\ntimes from several machines (the report's notes say which)"
+            top.set_title(title)
             top.margins(y=0.12)  # room for the labels above the bars
             if top.get_legend_handles_labels()[0] and col == last:
                 top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
