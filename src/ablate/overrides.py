@@ -26,8 +26,9 @@ from typing import Any
 
 from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import HydraException
+from omegaconf import OmegaConf, ValidationError
 
 from ablate import config, pinned
 from ablate.errors import AblateError
@@ -213,6 +214,35 @@ def _key_problem(o: Override, repo: Repository) -> str | None:
     )
 
 
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def _value_problem(o: Override, keys: dict[str, dataclasses.Field]) -> str | None:
+    """A value the key's type in the schema cannot hold (``trainer.lr=abc``, ``seed=null``),
+    each value of a sweep checked, as one line: Hydra's own says it in five."""
+    key = o.key_or_group
+    f = keys.get(key)
+    if f is None or _is_container(f) or o.is_delete() or o.value_type in (
+        ValueType.INTERVAL_SWEEP, ValueType.GLOB_CHOICE_SWEEP,
+    ):  # fmt: skip
+        return None
+    node, _, leaf = key.rpartition(".")
+    schema = config.GROUPS[node] if node else config.TrainConfig
+    values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+    for value in values:
+        if isinstance(value, str) and "${" in value:
+            continue  # an interpolation: resolved when the job composes
+        try:
+            OmegaConf.structured(schema)[leaf] = value
+        except ValidationError:
+            kind = getattr(f.type, "__name__", str(f.type))
+            words = _TYPE_WORDS.get(kind.removesuffix(" | None"), kind)
+            words += " or null" if kind.endswith("None") else ""
+            said = "null" if value is None else repr(value)
+            return f"{o.input_line}: {key} takes {words}, not {said} ({HELP})"
+    return None
+
+
 def check(
     overrides: Sequence[str], config_dir: str | None = None, config_name: str = CONFIG_NAME
 ) -> None:
@@ -227,12 +257,12 @@ def check(
         repo = Repository.for_command_line(overrides, config_dir, config_name)
     except HydraException:
         return
-    problems = []
+    problems, keys = [], schema_keys()
     for o in parsed:
         if repo.is_group(o.key_or_group):
             problems.append(_option_problem(o, repo))
         else:
-            problems.append(_key_problem(o, repo))
+            problems.append(_key_problem(o, repo) or _value_problem(o, keys))
     if found := [p for p in problems if p]:
         raise AblateError("; ".join(found))
     pinned.check(repo, parsed, config_name)
