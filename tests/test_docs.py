@@ -270,6 +270,13 @@ def test_the_best_finding_names_the_cheapest_strategy_within_half_a_point(tmp_pa
     said = docs.results.results_best(str(source.parent))
     assert said.startswith(f"Within half a point of full fine-tuning, `{best.strategy}`")
     assert f"({best.time_savings_pct:.0f} %)" in said and "beside other work" not in said
+    # an interval that reaches past half a point is said; one within it is not
+    reaches = f"(its 95 % interval, {best.delta_ci_low_pt:+.2f} to {best.delta_ci_high_pt:+.2f}"
+    assert (reaches in said) == (best.delta_ci_low_pt <= -0.5)
+    inside = close[close.delta_ci_low_pt > -0.5]
+    if reaches in said and len(inside):  # and the cheapest whose whole interval lies within
+        surest = inside.loc[inside.time_savings_pct.idxmax()]
+        assert f"lies within half a point, `{surest.strategy}`" in said
     study = tmp_path / "study"
     study.mkdir()
     table.loc[table.delta_method == "baseline", "load_per_cpu"] = 2 * LOADED + 1
@@ -282,6 +289,9 @@ def test_the_best_finding_names_the_cheapest_strategy_within_half_a_point(tmp_pa
     assert "beside other work" not in findings[0]  # the baseline's own sentence: no saving
     assert all("training time, timed beside other work, and scores" in f for f in findings[1:-1])
     assert "beside other work" not in docs.results.results_findings(str(source.parent))
+    table.loc[table.delta_method != "baseline", "delta_ci_low_pt"] = -0.4
+    table.to_csv(study / "summary.csv", index=False)
+    assert "interval" not in docs.results.results_best(str(study))
     table.loc[table.delta_method != "baseline", "delta_dev_pt"] = -0.6  # none within half a point
     table.to_csv(study / "summary.csv", index=False)
     assert docs.results.results_best(str(study)) == ""
