@@ -127,8 +127,9 @@ def test_datasets_a_few_tags_and_artifacts(single_run, slice_root, tmp_path):
     # no liveness bookkeeping (its process, its heartbeat)
     assert {k for k in tags if not k.startswith("mlflow.")} == {
         "git.commit", "git.dirty", "device", "cpu", "freeze.frozen_blocks", "ablate.identity",
-        "ablate.checkpoint_dir", "ablate.option_keys",
+        "ablate.checkpoint_dir", "ablate.option_keys", "ablate.peak_rss",
     }  # fmt: skip
+    assert tags["ablate.peak_rss"] == "job"  # its peak_rss_mb is its own, not its process's
     environment = run_info(client.tracking_uri, run.info.run_id)["environment"]
     assert tags["cpu"] == environment["cpu"] == cpu_model()  # the machine its times are from
     assert not [k for k, v in run.data.metrics.items() if v == 0 and k.startswith("dev_")]
