@@ -42,6 +42,11 @@ def loaded(df: pd.DataFrame) -> pd.Series:
     return busy_cpus(df) | busy_at_start(df) | shared_gpu(df)
 
 
+def machines(df: pd.DataFrame) -> pd.Series:
+    """The CPU each run trained on (``not recorded`` for a run from before runs recorded it)."""
+    return df.cpu.fillna("not recorded")
+
+
 def peak_carried(df: pd.DataFrame) -> pd.Series:
     """Which runs' peak memory may hold earlier jobs' too: a sweep's later jobs (``job_num`` >
     0, in the process of earlier ones) whose job did not start from a reset high-water mark (the

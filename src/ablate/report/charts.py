@@ -15,7 +15,7 @@ import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
 from ablate.report import layout
-from ablate.report.cell import loaded, savings_loaded, unloaded
+from ablate.report.cell import loaded, machines, savings_loaded, unloaded
 from ablate.report.summary import Report
 
 
@@ -244,7 +244,7 @@ def train_time(report: Report):
             )
             top.set(xlabel="", ylabel="train time (s), no dev evaluation")
             title = layout.panel_title(report, panel)
-            if runs.cpu.fillna("not recorded").nunique() > 1:  # as the report's notes say
+            if machines(runs).nunique() > 1:  # as the report's notes say
                 title += "\ntimes from several machines (the report's notes say which)"
             top.set_title(title)
             top.margins(y=0.12)  # room for the labels above the bars

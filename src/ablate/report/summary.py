@@ -19,7 +19,14 @@ from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import recipe
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
-from ablate.report.cell import busy_at_start, busy_cpus, loaded, shared_gpu, summary_row
+from ablate.report.cell import (
+    busy_at_start,
+    busy_cpus,
+    loaded,
+    machines,
+    shared_gpu,
+    summary_row,
+)
 from ablate.report.load import Runs, describe_source, load_runs
 from ablate.report.stats import N_BOOT, Predictions
 from ablate.tracking.params import option_keys, settings
@@ -243,7 +250,7 @@ _SUMMARY_COLUMNS = [
 def _machines(group: pd.DataFrame) -> str:
     """The CPUs a panel's runs trained on, each with its strategies, where there are several
     (a run from before runs recorded theirs: not recorded); empty where all ran on one."""
-    cpu = group.cpu.fillna("not recorded")
+    cpu = machines(group)
     if cpu.nunique() < 2:
         return ""
     return "; ".join(
