@@ -98,6 +98,19 @@ def test_a_panel_whose_times_come_from_several_machines_says_so_on_the_time_char
     assert [n for n in rep.notes if "different machines" in n]
 
 
+def test_the_charts_source_line_names_the_baseline_only_where_its_runs_are(report_grid):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+
+    def source(rep) -> str:
+        fig = charts.accuracy(rep)
+        return next(t.get_text() for t in fig.texts if t.get_text().startswith("Source:"))
+
+    assert source(report.build(runs)).endswith("baseline = none.")
+    df = runs.runs[runs.runs.freeze != "none"]
+    without = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    assert source(without).endswith("no none run, so no baseline.")
+
+
 def test_a_saving_against_a_loaded_baseline_is_marked_and_a_resumed_runs_wall_time_left_out(
     report_grid,
 ):

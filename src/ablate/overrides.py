@@ -186,7 +186,7 @@ def _option_problem(o: Override, repo: Repository) -> str | None:
     )
 
 
-def _key_problem(o: Override, repo: Repository) -> str | None:
+def _key_problem(o: Override, repo: Repository, keys: dict[str, dataclasses.Field]) -> str | None:
     key = o.key_or_group
     if "/" in key:  # a group path that names no group
         groups = repo.groups()
@@ -196,7 +196,6 @@ def _key_problem(o: Override, repo: Repository) -> str | None:
         )
     if o.is_hydra_override():
         return None  # Hydra's own schema checks its keys
-    keys = schema_keys()
     if is_key(key, keys):
         return None
     node, _, leaf = key.partition(".")
@@ -262,7 +261,7 @@ def check(
         if repo.is_group(o.key_or_group):
             problems.append(_option_problem(o, repo))
         else:
-            problems.append(_key_problem(o, repo) or _value_problem(o, keys))
+            problems.append(_key_problem(o, repo, keys) or _value_problem(o, keys))
     if found := [p for p in problems if p]:
         raise AblateError("; ".join(found))
     pinned.check(repo, parsed, config_name)

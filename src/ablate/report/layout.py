@@ -132,7 +132,11 @@ def titles(fig, report: Report, title: str, subtitle: str) -> None:
         0.0,
         -0.02,
         f"Source: MLflow experiment '{src.get('experiment')}', {len(report.runs)} runs; "
-        f"baseline = {report.baseline}.",
+        + (
+            f"baseline = {report.baseline}."
+            if (report.runs.freeze == report.baseline).any()
+            else f"no {report.baseline} run, so no baseline."
+        ),
         fontsize=8,
         color="0.35",
         ha="left",

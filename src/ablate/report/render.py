@@ -120,14 +120,14 @@ CARRIED_MARK = (
 )
 
 
+# Each mark a cell can end with, and the line that says what it means.
+MARKS = ((" *", LOADED_MARK), (" †", CARRIED_MARK))
+
+
 def _legend(t: pd.DataFrame) -> list[str]:
-    """The lines that say what ``*`` and ``†`` mean, where a cell of ``t`` carries one."""
-    ends = {
-        end for c in t.columns for end in (" *", " †") if t[c].astype(str).str.endswith(end).any()
-    }
-    return [
-        inline(line) for end, line in ((" *", LOADED_MARK), (" †", CARRIED_MARK)) if end in ends
-    ]
+    """The lines that say what each mark in a cell of ``t`` means, for the marks it carries."""
+    cells = [t[c].astype(str) for c in t.columns]
+    return [inline(line) for end, line in MARKS if any(c.str.endswith(end).any() for c in cells)]
 
 
 # The columns of a short summary (a sweep's description in MLflow's narrow box), by the start
