@@ -165,6 +165,27 @@ def test_a_reader_creates_nothing_and_an_editor_what_it_is_granted(srv):
     assert call(srv, "GET", f"{API}/users/list", srv.ed).status_code == 403
 
 
+def test_no_member_reaches_the_host_through_mlflows_assistant(srv, tmp_path):
+    # the Assistant trusts any caller on the host: a reader could point it at host folders and
+    # have it write files anywhere the server's user may
+    target = tmp_path / "skills"
+    tmp_path.chmod(0o777)
+    base = "/ajax-api/3.0/mlflow/assistant"
+    for who in (srv.rita, srv.ed, srv.admin):
+        attempts = [
+            ("GET", f"{base}/config", None),
+            ("PUT", f"{base}/config", {"providers": {"claude_code": {"selected": True}}}),
+            ("POST", f"{base}/skills/install", {"type": "custom", "custom_path": str(target)}),
+            ("POST", f"{base}/message", {"message": "ls /"}),
+        ]
+        for method, path, body in attempts:
+            answer = call(srv, method, path, who, json=body)
+            assert answer.status_code == 403 and "no MLflow Assistant" in answer.text, path
+    assert not target.exists()
+    listed = call(srv, "GET", f"{API}/experiments/search", srv.rita, params={"max_results": 5})
+    assert listed.status_code == 200  # the rest of the server answers her as before
+
+
 def test_uploads_have_a_size_limit(srv):
     exp, run = new_run(srv, "sizes")
     base = f"{PROXY}/{exp}/{run}/artifacts"

@@ -273,6 +273,8 @@ class Guard:
             return await self.app(scope, receive, send)
         if scope["path"] == STUDY_INFO_PATH and scope["method"] == "GET":
             return await self._study_port(send)
+        if _ASSISTANT.search(scope["path"]):
+            return await _plain(send, 403, ASSISTANT_REFUSED)
         headers = dict(scope["headers"])
         keys: dict[str, str] = {}
         if (header := headers.get(b"authorization")) is not None:
@@ -314,6 +316,16 @@ class Guard:
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+# MLflow's Assistant acts on the server's host as the server's user (its config names host folders,
+# its skills install writes to any path, its agent runs a shell) and trusts any caller on the host
+# itself, whatever the member's role: a team server answers none of its routes.
+_ASSISTANT = re.compile(r"/(?:ajax-)?api/3\.0/mlflow/assistant(?:/|$)")
+ASSISTANT_REFUSED = (
+    "this team server runs no MLflow Assistant (it would act on the server's host with the "
+    "server's rights): use it with make ui on your own machine"
+)
 
 
 def _basic_user(header: bytes) -> str | None:
