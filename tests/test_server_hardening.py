@@ -165,7 +165,7 @@ def test_a_reader_creates_nothing_and_an_editor_what_it_is_granted(srv):
     assert call(srv, "GET", f"{API}/users/list", srv.ed).status_code == 403
 
 
-def test_no_member_reaches_the_host_through_mlflows_assistant(srv, tmp_path):
+def test_no_member_reaches_the_host_through_mlflows_assistant_or_ai_gateway(srv, tmp_path):
     # the Assistant trusts any caller on the host: a reader could point it at host folders and
     # have it write files anywhere the server's user may
     target = tmp_path / "skills"
@@ -182,6 +182,14 @@ def test_no_member_reaches_the_host_through_mlflows_assistant(srv, tmp_path):
             answer = call(srv, method, path, who, json=body)
             assert answer.status_code == 403 and "no MLflow Assistant" in answer.text, path
     assert not target.exists()
+    # nor through its AI Gateway: its keys and endpoints would send requests from the host
+    secret = {"secret_name": "k", "secret_value": {"api_key": "x"}, "provider": "openai"}
+    for who in (srv.rita, srv.ed):
+        made = call(srv, "POST", "/api/3.0/mlflow/gateway/secrets/create", who, json=secret)
+        assert made.status_code in (403, 501) and "secret_id" not in made.text, made.text
+    assert call(srv, "GET", "/api/3.0/mlflow/server-info").json()["features_enabled"] == {
+        "gateway": False
+    }  # the UI leaves the gateway out
     listed = call(srv, "GET", f"{API}/experiments/search", srv.rita, params={"max_results": 5})
     assert listed.status_code == 200  # the rest of the server answers her as before
 

@@ -60,6 +60,9 @@ from ablate.tracking import procs
 from ablate.tracking.auth import as_user, check_server, health
 
 ADMIN = "admin"
+# MLflow's AI Gateway keeps provider keys and sends requests from the server's host to any address
+# an endpoint names, and any member may create one, a reader too: off on a team server.
+NO_GATEWAY = {"MLFLOW_ENABLE_AI_GATEWAY": "false"}
 AUTH_CONFIG, SECRET = "basic_auth.ini", "flask_secret"
 ARTIFACTS, LOG = "artifacts", "mlflow.log"  # the server's artifact store, its log
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -232,7 +235,7 @@ def _start_mlflow(
     owner: tuple[int, int] | None = None,
 ) -> str:
     host = state.get("host", "127.0.0.1")
-    env = {**NO_JOBS, **QUIET, **service_env(folder), **auth_env}
+    env = {**NO_JOBS, **NO_GATEWAY, **QUIET, **service_env(folder), **auth_env}
     cmd = [
         sys.executable,
         "-m",
