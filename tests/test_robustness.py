@@ -341,6 +341,17 @@ def test_each_bad_input_is_one_named_error_and_leaves_no_run(slice_root, tmp_pat
     assert "is a hub id, and the Hugging Face hub is not reachable" in logged
 
 
+def test_a_checkpoint_whose_state_a_kill_cut_short_is_passed_over(tmp_path):
+    # a stop signal that lands while the Trainer writes trainer_state.json leaves it empty or cut
+    for step, state in ((63, '{"epoch": 1.0, "global_step": 63}'), (126, ""), (189, '{"epo')):
+        checkpoint = tmp_path / f"checkpoint-{step}"
+        checkpoint.mkdir()
+        (checkpoint / "model.safetensors").write_bytes(b"weights")
+        (checkpoint / "trainer_state.json").write_text(state)
+    assert checkpoints.last_complete(str(tmp_path)) == str(tmp_path / "checkpoint-63")
+    assert checkpoints.epochs_done(str(tmp_path)) == 1
+
+
 @pytest.mark.parametrize("fail_in_epoch", [1, 2])
 def test_a_failed_run_keeps_its_checkpoint_folder_only_when_it_can_resume(
     slice_root, tmp_path, monkeypatch, fail_in_epoch

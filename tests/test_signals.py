@@ -61,8 +61,7 @@ def test_sigterm_ends_the_run_killed_and_it_resumes_to_the_uninterrupted_numbers
         [sys.executable, "-m", "ablate.train", *recipe(long_root, store), f"hydra.run.dir={out}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    wait_for(lambda: list((out / "trainer").glob("checkpoint-*/trainer_state.json")), proc,
-             "checkpoint")  # fmt: skip
+    wait_for(lambda: checkpoints.last_complete(str(out / "trainer")), proc, "checkpoint")
     proc.send_signal(signal.SIGTERM)  # mid-epoch 2: epoch 1 is checkpointed
     t0 = time.monotonic()
     proc.wait(timeout=30)

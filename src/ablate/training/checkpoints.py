@@ -50,10 +50,19 @@ def last_complete(path: str) -> str | None:
     """
     steps = sorted(Path(path).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     for checkpoint in reversed(steps):
-        # trainer_state.json is written last by the Trainer's save
-        if (checkpoint / "trainer_state.json").is_file() and any(checkpoint.glob("*.safetensors")):
+        # trainer_state.json is written last by the Trainer's save, and may be cut short itself
+        if _state(checkpoint) is not None and any(checkpoint.glob("*.safetensors")):
             return str(checkpoint)
     return None
+
+
+def _state(checkpoint: Path) -> dict | None:
+    """The checkpoint's trainer state, or None where it is missing or was cut short."""
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and "epoch" in state else None
 
 
 def resumable(run) -> bool:
@@ -67,7 +76,7 @@ def epochs_done(path: str) -> int:
     last = last_complete(path) if path else None
     if last is None:
         return 0
-    return round(json.loads((Path(last) / "trainer_state.json").read_text()).get("epoch") or 0)
+    return round(_state(Path(last))["epoch"] or 0)
 
 
 def resume_from(resumed) -> str | None:
