@@ -25,7 +25,7 @@ os.environ.setdefault("ABLATE_DATA_DIR", str(DATA))  # for the CLI processes the
 from helpers.grid import build_grid, grid_of, once_per_session  # noqa: E402
 from helpers.grid import report_cli as run_report_cli  # noqa: E402
 from helpers.runs import compose_cfg  # noqa: E402
-from helpers.store import logged_runs  # noqa: E402
+from helpers.store import logged_runs, new_store  # noqa: E402
 
 
 def pytest_configure(config):
@@ -87,8 +87,8 @@ def slice_root(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def store(tmp_path) -> str:
-    """A fresh sqlite MLflow store in a temporary folder."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    """A new sqlite MLflow store in a temporary folder, its schema made (``new_store``)."""
+    return new_store(tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from helpers.data import ROOT
 from helpers.runs import fit_run, run_cli, slice_overrides
+from helpers.store import new_store
 from mlflow.tracking import MlflowClient
 
 from ablate import archive, docs
@@ -40,7 +41,7 @@ def study(slice_root, tmp_path_factory) -> SimpleNamespace:
     """Two trials of an lr study of `all`, then a sweep of `none` and `all` at the study's best
     lr (the tiny model on the Naija slice), and its archive."""
     tmp = tmp_path_factory.mktemp("archive")
-    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    store = new_store(tmp)
     base = [*slice_overrides(slice_root, store, tmp), "trainer.keep_model=false"]
     data = [o for o in base if not o.startswith(("hydra.", "tracking.uri"))]
     for lr in ("1e-3", "5e-3"):  # an lr study's trials: runs tagged study=<name>
@@ -76,7 +77,7 @@ def test_an_imported_study_reports_the_same_summary(study, tmp_path, capsys):
     assert archive_main(["export", "--uri", study.store, str(again)]) == 0
     assert _files(again) == _files(study.archive)  # the same store: the same bytes
 
-    new = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    new = new_store(tmp_path / "new")
     assert archive_main(["import", str(study.archive), "--uri", new]) == 0
     assert "imported 5 of 5 runs" in capsys.readouterr().out
     before = sorted(r.info.run_id for r in _all_runs(new))
@@ -261,7 +262,7 @@ def test_an_import_killed_half_way_is_finished_by_the_next(study, tmp_path, caps
     from ablate.tracking.store import prepare
 
     read = archive.read(study.archive)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path)
     client = MlflowClient(uri)
     # what a SIGKILL leaves: every run created, two written whole (the tuned one names a trial
     # still pending), a third up to its end
@@ -301,7 +302,7 @@ def test_an_archived_deleted_run_is_imported_once(study, tmp_path, capsys):
         (parent.folder / "info.json").write_text(archive.dumps(info))
 
     arch, read = _resigned(study, tmp_path, "deleted-sweep", delete_sweep)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path)
     for n in (5, 0, 0):
         assert archive_main(["import", str(arch), "--uri", uri]) == 0
         assert f"imported {n} of 5 runs" in capsys.readouterr().out
@@ -323,7 +324,7 @@ def test_an_archive_grown_by_a_rerun_imports_where_it_was_imported_before(study,
         (folder / archive.INDEX).write_text(archive.dumps(index))
 
     grown, _ = _resigned(study, tmp_path, "grown", add_rerun)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path)
     assert archive_main(["import", str(study.archive), "--uri", uri]) == 0
     capsys.readouterr()
     assert archive_main(["import", str(grown), "--uri", uri]) == 0
@@ -333,7 +334,7 @@ def test_an_archive_grown_by_a_rerun_imports_where_it_was_imported_before(study,
 
 
 def test_a_held_run_whose_archived_record_went_on_is_kept_with_a_warning(study, tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path)
     assert archive_main(["import", str(study.archive), "--uri", uri]) == 0
     assert archive_main(["import", str(study.archive), "--uri", uri]) == 0
     assert "warning" not in capsys.readouterr().err  # the same record: nothing to say

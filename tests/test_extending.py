@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers.data import ROOT
 from helpers.runs import run_cli, slice_overrides
-from helpers.store import logged_runs, run_info
+from helpers.store import logged_runs, new_store, run_info
 
 DOC = ROOT / "docs" / "extending.md"
 
@@ -39,7 +39,7 @@ def test_the_extending_examples_register_a_task_a_strategy_and_a_switch_and_run(
     ]
     files.pop("ablate_extensions/fourierft.py")  # its own run: the test below
     written(tmp_path, files)
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     # from the folder holding ablate_extensions/, as a user runs it: the new task, strategy and
     # switch
     proc = run_cli(
@@ -75,7 +75,7 @@ def test_a_peft_method_with_two_new_keys_is_one_declaration_and_one_option_file(
 ):
     (option,) = examples("yaml")
     written(tmp_path, {**examples(), **examples("yaml")})
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     search = f"hydra.searchpath=[file://{tmp_path / option.split('/')[0]}]"
     base = [*slice_overrides(slice_root, store, tmp_path), search, "data.task=coarse_pos"]
     proc = run_cli(*base, "trainer.epochs=1", "freeze=fourierft", cwd=tmp_path)
@@ -119,7 +119,7 @@ def test_without_the_speed_folder_and_its_keys_runs_train_track_and_report(slice
     without(tmp_path / "conf", {s.key for s in SPEED})
     assert "length_grouping" not in (tmp_path / "conf" / "trainer" / "default.yaml").read_text()
     env = {"PYTHONPATH": str(tmp_path / "src")}
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     proc = run_cli(
         *slice_overrides(slice_root, store, tmp_path),
         "trainer.epochs=1",

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 from helpers.runs import interrupted, run_cli
-from helpers.store import logged_runs
+from helpers.store import logged_runs, new_store
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.heavy
@@ -22,7 +22,7 @@ def killed_line(console: str) -> str:
 
 
 def test_ctrl_c_says_where_the_run_stopped_and_the_command_continues_it(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     args = [*RUN, "trainer.epochs=3", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'a'}"]
     code, console = interrupted(args, "epoch 1/3: dev accuracy", tmp_path / "a" / "trainer")
     assert code == 130
@@ -46,7 +46,7 @@ def test_ctrl_c_says_where_the_run_stopped_and_the_command_continues_it(tmp_path
 
 
 def test_a_run_stopped_in_its_first_epoch_starts_over_when_resumed(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     args = [*RUN, "trainer.epochs=1", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'a'}"]
     code, console = interrupted(args, "params trainable")
     assert code == 130

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from helpers.data import ROOT
 from helpers.runs import slice_overrides
-from helpers.store import logged_runs
+from helpers.store import logged_runs, new_store
 from mlflow import MlflowClient
 from omegaconf import open_dict
 
@@ -180,7 +180,7 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(
 
 def _imported(archive: Path, folder: Path) -> str:
     """A new sqlite store in ``folder`` (so a new Optuna storage beside it) holding ``archive``."""
-    store = f"sqlite:///{folder / 'mlflow.db'}"
+    store = new_store(folder)
     assert archive_main(["import", str(archive), "--uri", store]) == 0
     assert not (folder / "lr_study.db").exists()
     return store

@@ -9,7 +9,7 @@ import json
 
 import optuna
 from helpers.runs import slice_overrides
-from helpers.store import logged_runs
+from helpers.store import logged_runs, new_store
 from mlflow import MlflowClient
 
 from ablate.archive.__main__ import main as archive_main
@@ -36,7 +36,7 @@ def _cfg(args: list[str]):
 
 def _imported(archive, folder) -> str:
     """A new sqlite store in ``folder`` (so a new Optuna storage beside it) holding ``archive``."""
-    store = f"sqlite:///{folder / 'mlflow.db'}"
+    store = new_store(folder)
     assert archive_main(["import", str(archive), "--uri", store]) == 0
     assert not (folder / "lr_study.db").exists()
     return store
@@ -59,7 +59,7 @@ def _logged_trial(client: MlflowClient, exp: str, tag: str, lr: float, span, dev
 
 
 def test_a_widened_study_is_seeded_with_its_widest_range_and_its_widenings(slice_root, tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     cfg = _cfg([*_args(slice_root, store, tmp_path), "lr_study.range=[1e-5,1e-3]"])
     name = lrstorage.study_name(cfg)
     client = MlflowClient(store)

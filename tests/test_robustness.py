@@ -16,7 +16,7 @@ import psutil
 import pytest
 from helpers.data import NAIJA, ROOT, conllu_blocks, naija_slice, write_treebank
 from helpers.runs import compose_cfg, run_cli, slice_overrides
-from helpers.store import logged_runs, run_info
+from helpers.store import logged_runs, new_store, run_info
 from mlflow.tracking import MlflowClient
 
 from ablate.tasks.pos import read_conllu
@@ -36,7 +36,7 @@ def runs_in(store: str, experiment: str = "ablate"):
 
 
 def test_killed_run_is_marked_killed_and_resumes_into_the_same_run(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     # Enough training sentences that epoch 2 lasts long past the poll; few dev/test ones.
     naija_slice(tmp_path / "data", "Kill", 1500)
     common = [
@@ -85,7 +85,7 @@ def test_killed_run_is_marked_killed_and_resumes_into_the_same_run(tmp_path):
 
 
 def test_skip_finished_reruns_only_the_missing_jobs_of_a_grid(slice_root, tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     base = [*slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1"]
     first = run_cli("--multirun", *base, "freeze=none,all")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -101,7 +101,7 @@ def test_skip_finished_reruns_only_the_missing_jobs_of_a_grid(slice_root, tmp_pa
 
 
 def test_same_seed_gives_identical_dev_metrics_and_a_full_record(slice_root, tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     proc = run_cli("--multirun", *slice_overrides(slice_root, store, tmp_path), "seed=7,7")
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, runs = runs_in(store)
@@ -187,7 +187,7 @@ def test_identity_ignores_where_runs_go_but_not_what_they_compute(slice_root, tm
 def test_runs_without_a_heartbeat_from_another_host_are_killed_only_when_stale(
     tmp_path, beat_age_min
 ):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     exp_id = prepare(store, "ablate")
     client = MlflowClient(store)
     beat = f"{time.time() - beat_age_min * 60:.0f}"
@@ -202,7 +202,7 @@ def test_runs_without_a_heartbeat_from_another_host_are_killed_only_when_stale(
 
 
 def test_a_quiet_run_of_a_live_process_on_this_host_is_kept_and_a_reused_pid_is_not(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     exp_id = prepare(store, "ablate")
     client = MlflowClient(store)
     here, pid = socket.gethostname(), os.getpid()
@@ -307,7 +307,7 @@ def test_each_bad_input_is_one_named_error_and_leaves_no_run(slice_root, tmp_pat
     }
     for name, (splits, _) in cases.items():
         write_treebank(ud / name, "x", splits)
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     overrides = [
         "data=ud", f"data.root={tmp_path / 'data'}", "model=tiny", "trainer.epochs=1",
         f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
@@ -367,7 +367,7 @@ def test_a_failed_run_keeps_its_checkpoint_folder_only_when_it_can_resume(
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(CoreTrainer, "training_step", crash)
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     overrides = [o for o in slice_overrides(slice_root, store, tmp_path) if "hydra." not in o]
     cfg = compose_cfg(*overrides)
     prepared = prepare_run(cfg)

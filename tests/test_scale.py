@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers.runs import run_cli, slice_overrides
 from helpers.scale import free_port, three_sweeps_at_once
-from helpers.store import logged_runs, run_info
+from helpers.store import logged_runs, new_store, run_info
 
 from ablate import config
 
@@ -29,7 +29,7 @@ def test_three_parallel_sweeps_into_one_fresh_sqlite_store(slice_root, tmp_path)
 def test_a_job_under_taskset_beside_a_busy_process_takes_one_thread_and_sleeps_when_idle(
     slice_root, tmp_path
 ):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path)
     busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
     try:
         proc = run_cli(

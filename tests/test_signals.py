@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.data import ROOT, naija_slice
 from helpers.runs import run_cli
-from helpers.store import logged_runs, sweep_parents
+from helpers.store import logged_runs, new_store, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate.training import checkpoints
@@ -54,7 +54,7 @@ def history(store: str, run_id: str, key: str) -> list[float]:
 def test_sigterm_ends_the_run_killed_and_it_resumes_to_the_uninterrupted_numbers(
     long_root, tmp_path
 ):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     out = tmp_path / "first"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
@@ -79,7 +79,7 @@ def test_sigterm_ends_the_run_killed_and_it_resumes_to_the_uninterrupted_numbers
     assert run.info.status == "FINISHED" and run.data.tags["ablate.resumed"] == "true"
     assert not list((out / "trainer").glob("checkpoint-*"))  # cleaned once finished
 
-    whole = f"sqlite:///{tmp_path / 'whole.db'}"  # the same run, never interrupted
+    whole = new_store(tmp_path, "whole.db")  # the same run, never interrupted
     uninterrupted = run_cli(*recipe(long_root, whole), f"hydra.run.dir={tmp_path / 'whole'}")
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     (reference,) = logged_runs(whole)
@@ -90,7 +90,7 @@ def test_sigterm_ends_the_run_killed_and_it_resumes_to_the_uninterrupted_numbers
 
 @pytest.mark.heavy
 def test_a_job_submitit_requeues_continues_the_same_run(long_root, tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     sweep = tmp_path / "sweep"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
@@ -124,7 +124,7 @@ def test_sigterm_to_a_parallel_sweep_stops_its_workers_and_ends_every_run_killed
     on, writes to the store or takes another job after the sweep is gone."""
     import psutil
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     sweep = tmp_path / "sweep"
     args = [a for a in recipe(long_root, store) if not a.startswith("trainer.epochs=")]
     proc = subprocess.Popen(

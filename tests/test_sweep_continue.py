@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from helpers.data import naija_slice
 from helpers.runs import interrupted, run_cli
-from helpers.store import logged_runs, sweep_parents
+from helpers.store import logged_runs, new_store, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate.report import cli
@@ -28,7 +28,7 @@ def root(tmp_path_factory) -> Path:
 
 
 def test_a_continued_sweep_reports_every_job_of_its_grid(root, tmp_path, capsys):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     first, again = tmp_path / "first", tmp_path / "again"
     grid = [
         "freeze=none,all,first2", "seed=8", "data=ud", "data.treebank=UD_Naija-Mid",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers.data import CONLL, DATA, EWT, SST2, UNPIN
 from helpers.runs import compose_cfg, fit_run, run_cli
-from helpers.store import logged_runs
+from helpers.store import logged_runs, new_store
 
 from ablate import tasks
 from ablate.data import files
@@ -118,7 +118,7 @@ def test_bad_ner_and_sst2_files_are_one_named_error_each_and_leave_no_run(task_r
             (folder / file).unlink()
         else:
             (folder / file).write_text(content)
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     logs = ""
     for dataset in ("conll2003", "sst2"):
         roots = ",".join(str(tmp_path / n) for n, c in cases.items() if c[0] == dataset)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers.runs import compose_cfg, run_cli, slice_overrides
-from helpers.store import logged_runs, run_info, sweep_parents
+from helpers.store import logged_runs, new_store, run_info, sweep_parents
 from mlflow.tracking import MlflowClient
 
 from ablate import workers
@@ -33,7 +33,7 @@ def gold_words(slice_root, split: str) -> int:
 def single_run(slice_root, tmp_path_factory):
     """One real run: alternating freeze, 2 epochs, windows of 24 sub-words (splits sentences)."""
     tmp = tmp_path_factory.mktemp("single")
-    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    store = new_store(tmp)
     proc = run_cli(
         *slice_overrides(slice_root, store, tmp), "freeze=alternating", "data.max_length=24"
     )
@@ -160,7 +160,7 @@ def test_datasets_a_few_tags_and_artifacts(single_run, slice_root, tmp_path):
 
 
 def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     proc = run_cli(
         "--multirun", *slice_overrides(slice_root, store, tmp_path), "freeze=none,all,first2,alt",
         "tracking.experiment=grid", "trainer.epochs=1",
@@ -263,7 +263,7 @@ def test_a_sweep_whose_report_fails_still_closes_its_run(store, monkeypatch, cap
 
 
 def test_a_job_with_a_bad_setting_leaves_no_run_and_the_sweep_goes_on(slice_root, tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     proc = run_cli(
         "--multirun", *slice_overrides(slice_root, store, tmp_path), "freeze.layers=[99],[1]",
         "trainer.epochs=1",
@@ -288,7 +288,7 @@ def test_a_jobs_peak_memory_starts_from_what_its_process_holds_then():
 
 def test_make_run_config_trains_the_packaged_minilm(tmp_path):
     """`make run`'s job (experiment=smoke): real MiniLM, real Naija, beats the majority tag."""
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     proc = run_cli("experiment=smoke", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = runs_of(store)[1]

@@ -15,7 +15,7 @@ import time
 import pytest
 from helpers.data import ROOT, naija_slice
 from helpers.runs import run_cli, slice_overrides
-from helpers.store import logged, logged_runs, sweep_parents
+from helpers.store import logged, logged_runs, new_store, sweep_parents
 from omegaconf import OmegaConf
 
 from ablate import workers
@@ -77,7 +77,7 @@ def test_a_new_sqlite_store_is_made_by_a_process_of_its_own_while_the_sweep_impo
 
     from ablate.tracking.store import EXPERIMENT_KIND, schema_lock
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # not made yet
     tracking = OmegaConf.create({"uri": store, "experiment": "early"})
     maker = workers.new_store(tracking)
     assert maker is not None and maker.pid != os.getpid()
@@ -110,7 +110,7 @@ def long_root(tmp_path_factory):
 
 
 def test_a_killed_worker_ends_the_sweep_and_its_other_job(long_root, tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     sweep = tmp_path / "sweep"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ablate.train", "--multirun", "hydra/launcher=workers",

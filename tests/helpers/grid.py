@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from ablate import report
 from helpers.runs import run_cli, slice_overrides
-from helpers.store import logged_runs, sweep_parents
+from helpers.store import logged_runs, new_store, sweep_parents
 
 CHART_FILES = [f"{name}.png" for name in report.CHARTS]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -46,7 +46,7 @@ def build_grid(slice_root: Path, folder: Path) -> None:
     """2 strategies x 2 seeds x 2 epochs (tiny model, Naija slice) in ``folder``, plus one run
     FAILED in training and, after the sweep, a FAILED sweep with no run (as a sweep whose every
     job failed before its run opened, a misspelt treebank, was left by earlier versions)."""
-    store = f"sqlite:///{folder / 'mlflow.db'}"
+    store = new_store(folder)
     # cwd=folder: nothing of the sweep lands in the checkout
     proc = run_cli(
         "--multirun", "freeze=none,all", "seed=1,2", *slice_overrides(slice_root, store, folder),
