@@ -195,3 +195,18 @@ def test_the_time_charts_seed_dots_sit_alike_each_time_it_is_drawn(report_grid):
     first = dots(1)
     assert len({x for x, _ in first}) == len(first) > 1  # jittered beside their bars
     assert dots(2) == first
+
+
+def test_the_time_charts_seed_dots_show_on_the_baselines_dark_bar(report_grid):
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    fig = charts.train_time(report.build(runs))
+    bars = {to_rgba(p.get_facecolor())[:3] for p in fig.axes[0].patches}
+    dots = [c for c in fig.axes[0].collections if len(c.get_offsets())]
+    assert dots and all(
+        (c.get_edgecolor()[:, :3] == 1.0).all() and not {tuple(c.get_facecolor()[0][:3])} & bars
+        for c in dots
+    )  # a white ring around each, whatever bar lies under it
+    plt.close(fig)

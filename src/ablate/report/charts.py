@@ -215,6 +215,8 @@ def train_time(report: Report):
                     color="0.3",
                     size=4,
                     jitter=0.12,
+                    edgecolor="white",  # seen on the baseline's dark bar too
+                    linewidth=0.8,
                     ax=top,
                 )
             finally:
