@@ -166,7 +166,8 @@ def test_a_declared_plus_key_still_trains_and_is_recorded(slice_root, tmp_path):
     assert run.info.status == "FINISHED" and run.data.tags["owner"] == "me"
 
 
-def test_search_refuses_an_unknown_option_before_any_study(store, capsys):
+def test_search_refuses_an_unknown_option_before_any_study(tmp_path, capsys):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # not made yet: nothing may make it
     assert study_cli.main(["freeze=lora,alternatin", f"tracking.uri={store}"]) == 2
     assert "did you mean 'alternating'?" in capsys.readouterr().err
     assert study_cli.main(["--report-only", "+trainer.lrr=1e-4", f"tracking.uri={store}"]) == 2
