@@ -149,6 +149,14 @@ def _json_error(status: int, code: str, message: str):
 
 
 _PREFIX = re.compile(r"^/(?:ajax-)?api/[23]\.0/")
+# MLflow's Assistant acts on the server's host as the server's user (its config names host folders,
+# its skills install writes to any path, its agent runs a shell) and trusts any caller on the host
+# itself, whatever the member's role: a team server answers none of its routes.
+_ASSISTANT = re.compile(r"/(?:ajax-)?api/3\.0/mlflow/assistant(?:/|$)")
+ASSISTANT_REFUSED = (
+    "this team server runs no MLflow Assistant (it would act on the server's host with the "
+    "server's rights): use it with make ui on your own machine"
+)
 # (route, method) that create something, and whether it needs an editor of every experiment
 _CREATES = {
     ("mlflow/experiments/create", "POST"): True,
@@ -316,16 +324,6 @@ class Guard:
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-
-
-# MLflow's Assistant acts on the server's host as the server's user (its config names host folders,
-# its skills install writes to any path, its agent runs a shell) and trusts any caller on the host
-# itself, whatever the member's role: a team server answers none of its routes.
-_ASSISTANT = re.compile(r"/(?:ajax-)?api/3\.0/mlflow/assistant(?:/|$)")
-ASSISTANT_REFUSED = (
-    "this team server runs no MLflow Assistant (it would act on the server's host with the "
-    "server's rights): use it with make ui on your own machine"
-)
 
 
 def _basic_user(header: bytes) -> str | None:
