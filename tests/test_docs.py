@@ -289,6 +289,15 @@ def test_the_best_finding_names_the_cheapest_strategy_within_half_a_point(tmp_pa
     assert "beside other work" not in findings[0]  # the baseline's own sentence: no saving
     assert all("training time, timed beside other work, and scores" in f for f in findings[1:-1])
     assert "beside other work" not in docs.results.results_findings(str(source.parent))
+    # a baseline whose seeds' times lay far apart makes every saving uncertain
+    table["load_per_cpu"] = 0.0
+    table["train_time_spread"] = 1.0
+    table.loc[table.delta_method == "baseline", "train_time_spread"] = 1.8
+    table.to_csv(study / "summary.csv", index=False)
+    findings = docs.results.results_findings(str(study)).splitlines()
+    assert all("(uncertain: seeds' times up to 1.8x apart)" in f for f in findings[1:-1])
+    assert "uncertain" not in findings[0]
+    assert "uncertain" not in docs.results.results_findings(str(source.parent))
     table.loc[table.delta_method != "baseline", "delta_ci_low_pt"] = -0.4
     table.to_csv(study / "summary.csv", index=False)
     assert "interval" not in docs.results.results_best(str(study))

@@ -215,6 +215,26 @@ def test_runs_record_their_cpu_and_a_report_across_machines_says_so(report_grid)
     assert note.endswith("train times and their savings compare only between runs on one machine.")
 
 
+def test_seeds_timed_far_apart_make_their_times_and_savings_uncertain(report_grid):
+    from ablate.report.cell import SPREAD, savings_spread
+
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    # idle runs with set times: none's seeds agree, all's second seed took twice its first's
+    df = runs.runs.assign(load_per_cpu=0.0, busy_cpus_at_start=0.0, jobs_on_gpu=float("nan"))
+    times = {("none", 1): 10.0, ("none", 2): 11.0, ("all", 1): 10.0, ("all", 2): 20.0}
+    df["train_time_s"] = [times.get((f, s), 10.0) for f, s in zip(df.freeze, df.seed, strict=True)]
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    spread = rep.summary.set_index("strategy").train_time_spread
+    assert spread["none"] == pytest.approx(1.1) and spread["all"] == pytest.approx(2.0)
+    (note,) = [n for n in rep.notes if "apart in time" in n]
+    assert f"more than {SPREAD:g}x apart in time (slowest / fastest: all 2.00x)" in note
+    # the baseline's saving rests on its own time, all's on both
+    assert list(savings_spread(rep.summary)) == pytest.approx([1.1, 2.0])
+    df["train_time_s"] = [10.0 + s / 10 for s in df.seed]  # every strategy's seeds agree
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    assert not [n for n in rep.notes if "apart in time" in n]
+
+
 def test_a_peak_that_may_hold_earlier_jobs_memory_is_marked(report_grid):
     from ablate.report.render import CARRIED_MARK, markdown, table
 

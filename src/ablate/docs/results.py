@@ -74,17 +74,22 @@ def results_provenance(study: str = RESULTS) -> str:
 def _summary(study: str) -> list[dict]:
     """The rows of ``study``'s ``summary.csv`` (``csv_rows``), each with ``loaded``: whether its
     time saving rests on a time measured beside other work (its own or its baseline's), as the
-    report marks it."""
+    report marks it, and ``spread``: how far apart its or its baseline's seeds' times lie
+    (slowest / fastest), where beyond ``SPREAD`` (NaN otherwise)."""
     import pandas as pd
 
-    from ablate.report.cell import savings_loaded
+    from ablate.report.cell import SPREAD, savings_loaded, savings_spread
 
     rows = csv_rows(study)
     table = pd.DataFrame(rows)
-    # a report older than the load columns recorded no load: not marked
-    for column in ("load_per_cpu", "busy_cpus_at_start", "jobs_on_gpu"):
+    # a report older than the load and spread columns recorded neither: not marked
+    for column in ("load_per_cpu", "busy_cpus_at_start", "jobs_on_gpu", "train_time_spread"):
         table[column] = pd.to_numeric(table.get(column, pd.Series([""] * len(table))))
-    return [{**r, "loaded": busy} for r, busy in zip(rows, savings_loaded(table), strict=True)]
+    spread = savings_spread(table).where(lambda x: x > SPREAD)
+    return [
+        {**r, "loaded": busy, "spread": wide}
+        for r, busy, wide in zip(rows, savings_loaded(table), spread, strict=True)
+    ]
 
 
 def _at_lr(row: dict) -> str:
@@ -92,7 +97,10 @@ def _at_lr(row: dict) -> str:
 
 
 def _timed(row: dict) -> str:
-    return ", timed beside other work" if row["loaded"] else ""
+    said = ", timed beside other work" if row["loaded"] else ""
+    if row["spread"] > 0:  # NaN where the seeds' times agree
+        said += f" (uncertain: seeds' times up to {row['spread']:.1f}x apart)"
+    return said
 
 
 def results_findings(study: str = RESULTS) -> str:

@@ -16,6 +16,10 @@ LR_FROM_STUDY = "its lr study"
 # A run whose machine had more than this many runnable threads per usable CPU at the end of an
 # epoch shared its cores: its times are not comparable with an idle machine's.
 LOADED = 1.25
+# A strategy whose slowest counted seed trained more than this many times as long as its fastest
+# ran on a machine whose speed changed between its runs (a virtual machine's host, shared): its
+# time, and any saving computed from it, is uncertain by about as much.
+SPREAD = 1.25
 
 
 def busy_cpus(df: pd.DataFrame) -> pd.Series:
@@ -64,6 +68,22 @@ def savings_loaded(summary: pd.DataFrame) -> pd.Series:
     return busy | summary.panel.map(base_busy).fillna(False).astype(bool)
 
 
+def savings_spread(summary: pd.DataFrame) -> pd.Series:
+    """The largest ``train_time_spread`` (slowest / fastest seed) behind each summary row's time
+    saving: its own, or its panel's baseline's; NaN where neither has two timed seeds."""
+    spread = pd.to_numeric(summary.train_time_spread)
+    base = summary.delta_method == "baseline"
+    base_spread = summary.panel.map(dict(zip(summary.panel[base], spread[base], strict=True)))
+    return pd.concat([spread, pd.to_numeric(base_spread)], axis=1).max(axis=1)
+
+
+def spread_said(rows: list[dict]) -> str:
+    """The strategies among summary ``rows`` whose seeds' train times spread beyond ``SPREAD``,
+    each with its spread; empty where none does."""
+    wide = [r for r in rows if r["train_time_spread"] > SPREAD]
+    return ", ".join(f"{r['strategy']} {r['train_time_spread']:.2f}x" for r in wide)
+
+
 def unloaded(cell: pd.DataFrame) -> pd.DataFrame:
     """The runs of ``cell`` whose times count: those not timed beside other work (``loaded``),
     or all of them when every one was."""
@@ -104,6 +124,7 @@ def summary_row(
         "total_params_m": cell.total_params.mean() / 1e6,
         "train_time_s": timed.train_time_s.mean(skipna=False),
         "train_time_s_std": timed.train_time_s.std(ddof=1) if len(timed) > 1 else math.nan,
+        "train_time_spread": timed.train_time_s.max() / timed.train_time_s.min(),
         "timed_seeds": ",".join(str(s) for s in sorted(timed.seed)),
         "trainer_runtime_s": timed.trainer_runtime_s.mean(),
         # a resumed run's MLflow run spans the time it lay stopped too

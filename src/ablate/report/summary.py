@@ -20,11 +20,13 @@ from ablate.errors import AblateError
 from ablate.report import recipe
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
 from ablate.report.cell import (
+    SPREAD,
     busy_at_start,
     busy_cpus,
     loaded,
     machines,
     shared_gpu,
+    spread_said,
     summary_row,
 )
 from ablate.report.load import Runs, describe_source, load_runs
@@ -240,7 +242,8 @@ _SUMMARY_COLUMNS = [
     "dev_mean_pct", "dev_std_pct", "dev_ci_low_pct", "dev_ci_high_pct", "dev_ci_method",
     "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
     "trainable_params_m", "total_params_m", "param_savings_pct",
-    "train_time_s", "train_time_s_std", "timed_seeds", "time_savings_pct", "trainer_runtime_s",
+    "train_time_s", "train_time_s_std", "train_time_spread", "timed_seeds", "time_savings_pct",
+    "trainer_runtime_s",
     "wall_s", "peak_rss_mb", "peak_rss_carried", "train_flops", "load_per_cpu",
     "jobs_on_gpu", "busy_cpus_at_start",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
@@ -329,6 +332,12 @@ def build(
             notes.append(
                 f"{panel}: its runs trained on different machines ({machines}): train times and "
                 f"their savings compare only between runs on one machine."
+            )
+        if spread := spread_said([r for r in rows if r["panel"] == panel]):
+            notes.append(
+                f"{panel}: seeds of a strategy trained more than {SPREAD:g}x apart in time "
+                f"(slowest / fastest: {spread}): the machine's speed changed between runs, so "
+                f"those times and their savings are uncertain by about as much."
             )
         counts = group.groupby("freeze").size()
         if counts.nunique() > 1:
