@@ -261,7 +261,7 @@ def test_the_redone_table_takes_a_seeds_latest_finished_run_and_a_studys_latest_
 def test_the_best_finding_names_the_cheapest_strategy_within_half_a_point(tmp_path):
     import pandas as pd
 
-    from ablate.report.cell import LOADED
+    from ablate.report.timing import LOADED
 
     source = project_root() / "docs" / "results" / "naija-fair" / "summary.csv"
     table = pd.read_csv(source)

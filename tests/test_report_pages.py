@@ -73,7 +73,7 @@ def test_make_notebook_allows_root_only_for_root():
 
 def test_the_results_pages_blocks_read_the_reports_files(report_cli):
     from ablate import docs
-    from ablate.report.cell import savings_loaded
+    from ablate.report.timing import savings_loaded
 
     summary = pd.read_csv(report_cli.out / "summary.csv").set_index("strategy")
     path = str(report_cli.out)

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers.grid import CHART_FILES, PNG_MAGIC, epoch_seconds, logged, mean
+from mlflow.tracking import MlflowClient
 
 from ablate import report
 from ablate.errors import AblateError
@@ -39,7 +40,7 @@ def test_cli_writes_every_chart_and_both_tables(report_cli):
 
 
 def test_summary_numbers_equal_logged_metrics(report_grid, report_cli):
-    from ablate.report.cell import loaded
+    from ablate.report.timing import loaded
 
     by = logged(report_grid)
     csv = pd.read_csv(report_cli.out / "summary.csv")
@@ -216,7 +217,7 @@ def test_runs_record_their_cpu_and_a_report_across_machines_says_so(report_grid)
 
 
 def test_seeds_timed_far_apart_make_their_times_and_savings_uncertain(report_grid):
-    from ablate.report.cell import SPREAD, savings_spread
+    from ablate.report.timing import SPREAD, savings_spread
 
     runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
     # idle runs with set times: none's seeds agree, all's second seed took twice its first's
@@ -233,6 +234,41 @@ def test_seeds_timed_far_apart_make_their_times_and_savings_uncertain(report_gri
     df["train_time_s"] = [10.0 + s / 10 for s in df.seed]  # every strategy's seeds agree
     rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
     assert not [n for n in rep.notes if "apart in time" in n]
+
+
+def test_a_run_records_its_cpus_speed_and_the_report_compares_times_of_like_speed(
+    report_grid, slice_root, store, monkeypatch
+):
+    from helpers.data import ROOT
+    from helpers.runs import compose_cfg, fit_here, slice_overrides
+
+    from ablate.report.timing import savings_spread
+    from ablate.training.callbacks import EpochLogger
+
+    monkeypatch.setattr(EpochLogger, "PROBE_FROM_S", 0.0)  # the slice's epochs are short
+    base = [o for o in slice_overrides(slice_root, store, ROOT) if not o.startswith("hydra.")]
+    run_id, _ = fit_here(compose_cfg(*base, "freeze=all"))
+    probes = [m.value for m in MlflowClient(store).get_metric_history(run_id, "cpu_gflops")]
+    assert len(probes) == 2 and all(p > 0.1 for p in probes)  # one after each epoch
+    (row,) = report.load_runs("ablate", store).runs.itertuples()
+    assert row.cpu_gflops == pytest.approx(float(np.median(probes)))
+
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    assert runs.runs.cpu_gflops.isna().all()  # the grid's epochs are shorter than the probe's
+    df = runs.runs.assign(load_per_cpu=0.0, busy_cpus_at_start=0.0, train_time_s=10.0)
+    df["cpu_gflops"] = [100.0 if f == "none" else 101.0 for f in df.freeze]
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    assert not [n for n in rep.notes if "speeds" in n]
+    faster = df.freeze != "none"
+    df["cpu_gflops"] = (170.0 + df.seed.astype(float)).where(faster, 100.0)
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    (note,) = [n for n in rep.notes if "speeds" in n]
+    assert "(a matrix-product probe after each epoch: none 100, all 171-172 GFLOP/s)" in note
+    assert list(savings_spread(rep.summary)) == pytest.approx([1.0, 1.72])
+    df.loc[df.freeze == "none", "cpu_gflops"] = float("nan")  # runs from before the probe
+    rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
+    (note,) = [n for n in rep.notes if "speeds" in n]
+    assert "all 171-172 GFLOP/s; not recorded: none)" in note
 
 
 def test_a_peak_that_may_hold_earlier_jobs_memory_is_marked(report_grid):

@@ -78,7 +78,7 @@ def _summary(study: str) -> list[dict]:
     (slowest / fastest), where beyond ``SPREAD`` (NaN otherwise)."""
     import pandas as pd
 
-    from ablate.report.cell import SPREAD, savings_loaded, savings_spread
+    from ablate.report.timing import SPREAD, savings_loaded, savings_spread
 
     rows = csv_rows(study)
     table = pd.DataFrame(rows)

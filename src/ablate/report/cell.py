@@ -9,46 +9,10 @@ import numpy as np
 import pandas as pd
 
 from ablate.report.stats import Predictions, bootstrap_interval, t_interval
-from ablate.training.resources import PASSIVE_FROM
+from ablate.report.timing import unloaded
 
 # summary.csv's lr_from where every run of a strategy trained at its own study's lr.
 LR_FROM_STUDY = "its lr study"
-# A run whose machine had more than this many runnable threads per usable CPU at the end of an
-# epoch shared its cores: its times are not comparable with an idle machine's.
-LOADED = 1.25
-# A strategy whose slowest counted seed trained more than this many times as long as its fastest
-# ran on a machine whose speed changed between its runs (a virtual machine's host, shared): its
-# time, and any saving computed from it, is uncertain by about as much.
-SPREAD = 1.25
-
-
-def busy_cpus(df: pd.DataFrame) -> pd.Series:
-    """Which runs (or summary rows) had more than ``LOADED`` runnable threads per CPU at an
-    epoch's end. Not recorded counts as not busy."""
-    return df.load_per_cpu > LOADED
-
-
-def busy_at_start(df: pd.DataFrame) -> pd.Series:
-    """Which runs started while other work kept CPUs busy: OpenMP then waits passively for the
-    whole run (``trainer.omp_wait_policy=auto``), which slows it on the machine it has to itself
-    afterwards (small kernels most: a BiLSTM head's epochs 3-4x)."""
-    return df.busy_cpus_at_start >= PASSIVE_FROM
-
-
-def shared_gpu(df: pd.DataFrame) -> pd.Series:
-    """Which runs shared their GPU with other jobs of their sweep (``jobs_on_gpu``)."""
-    return df.jobs_on_gpu > 1
-
-
-def loaded(df: pd.DataFrame) -> pd.Series:
-    """Which runs (or summary rows) were timed beside other work: ``busy_cpus``,
-    ``busy_at_start`` or ``shared_gpu``."""
-    return busy_cpus(df) | busy_at_start(df) | shared_gpu(df)
-
-
-def machines(df: pd.DataFrame) -> pd.Series:
-    """The CPU each run trained on (``not recorded`` for a run from before runs recorded it)."""
-    return df.cpu.fillna("not recorded")
 
 
 def peak_carried(df: pd.DataFrame) -> pd.Series:
@@ -57,38 +21,6 @@ def peak_carried(df: pd.DataFrame) -> pd.Series:
     ``PEAK_RSS_TAG`` says ``job``; runs recorded before ablate reset it say nothing)."""
     later = pd.to_numeric(df.job_num, errors="coerce").fillna(0) > 0
     return later & (df.peak_rss_scope != "job")
-
-
-def savings_loaded(summary: pd.DataFrame) -> pd.Series:
-    """Which summary rows' time savings rest on a time measured beside other work: their own
-    (``loaded``), or their panel's baseline's."""
-    busy = loaded(summary)
-    base = summary.delta_method == "baseline"
-    base_busy = dict(zip(summary.panel[base], busy[base], strict=True))
-    return busy | summary.panel.map(base_busy).fillna(False).astype(bool)
-
-
-def savings_spread(summary: pd.DataFrame) -> pd.Series:
-    """The largest ``train_time_spread`` (slowest / fastest seed) behind each summary row's time
-    saving: its own, or its panel's baseline's; NaN where neither has two timed seeds."""
-    spread = pd.to_numeric(summary.train_time_spread)
-    base = summary.delta_method == "baseline"
-    base_spread = summary.panel.map(dict(zip(summary.panel[base], spread[base], strict=True)))
-    return pd.concat([spread, pd.to_numeric(base_spread)], axis=1).max(axis=1)
-
-
-def spread_said(rows: list[dict]) -> str:
-    """The strategies among summary ``rows`` whose seeds' train times spread beyond ``SPREAD``,
-    each with its spread; empty where none does."""
-    wide = [r for r in rows if r["train_time_spread"] > SPREAD]
-    return ", ".join(f"{r['strategy']} {r['train_time_spread']:.2f}x" for r in wide)
-
-
-def unloaded(cell: pd.DataFrame) -> pd.DataFrame:
-    """The runs of ``cell`` whose times count: those not timed beside other work (``loaded``),
-    or all of them when every one was."""
-    calm = cell[~loaded(cell)]
-    return calm if len(calm) else cell
 
 
 def summary_row(
@@ -125,6 +57,7 @@ def summary_row(
         "train_time_s": timed.train_time_s.mean(skipna=False),
         "train_time_s_std": timed.train_time_s.std(ddof=1) if len(timed) > 1 else math.nan,
         "train_time_spread": timed.train_time_s.max() / timed.train_time_s.min(),
+        "cpu_gflops": timed.cpu_gflops.mean(),
         "timed_seeds": ",".join(str(s) for s in sorted(timed.seed)),
         "trainer_runtime_s": timed.trainer_runtime_s.mean(),
         # a resumed run's MLflow run spans the time it lay stopped too
@@ -156,6 +89,8 @@ def summary_row(
         delta["time_savings_pct"] = 100 * (
             1 - row["train_time_s"] / unloaded(base).train_time_s.mean(skipna=False)
         )
+        speeds = pd.concat([timed.cpu_gflops, unloaded(base).cpu_gflops])
+        delta["speed_spread"] = speeds.max() / speeds.min()  # NaN where none recorded one
         paired = cell[cell.seed.isin(b.index)]
         diffs = (paired.dev.to_numpy() - b.loc[paired.seed, "dev"].to_numpy()) * 100
         if cell.run_id.isin(base.run_id).all():

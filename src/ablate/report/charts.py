@@ -15,8 +15,8 @@ import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
 from ablate.report import layout
-from ablate.report.cell import loaded, machines, savings_loaded, unloaded
 from ablate.report.summary import Report
+from ablate.report.timing import loaded, machines, savings_loaded, unloaded
 
 
 def accuracy(report: Report):

@@ -192,7 +192,8 @@ def load_runs(
     features' one-off computation (``cache_frozen_time_s``; training only:
     the Trainer's ``train_runtime_s``, kept as ``trainer_runtime_s``, also counts the dev
     evaluation after each epoch, which freezing does not change); ``wall_s`` its whole run;
-    ``load_per_cpu`` the highest machine load per usable CPU at the end of one of its epochs.
+    ``load_per_cpu`` the highest machine load per usable CPU at the end of one of its epochs;
+    ``cpu_gflops`` the median of its CPU speed probes (NaN where it recorded none).
     """
     uri = uri or default_tracking_uri()
     client, experiment_id = _client(uri, experiment)
@@ -255,7 +256,7 @@ def load_runs(
 
     hist = []
     for row in runs[runs.status == "FINISHED"].itertuples():
-        for key in (f"dev_{row.metric}", "train_loss", "epoch_time_s", "load_per_cpu"):
+        for key in (f"dev_{row.metric}", "train_loss", *_PER_EPOCH):
             points = latest_per_step(client.get_metric_history(row.run_id, key))
             for step, value in points.items():  # a resumed run may have logged a step twice
                 hist.append(
@@ -269,6 +270,8 @@ def load_runs(
     runs["train_time_s"] = runs.run_id.map(epochs.groupby("run_id").value.sum()) + once
     load = history_df[history_df.key == "load_per_cpu"]
     runs["load_per_cpu"] = runs.run_id.map(load.groupby("run_id").value.max())
+    speed = history_df[history_df.key == "cpu_gflops"]
+    runs["cpu_gflops"] = runs.run_id.map(speed.groupby("run_id").value.median())
     source = {
         "uri": uri,
         "experiment": experiment,
@@ -350,6 +353,8 @@ _RUN_COLUMNS = [
     "git_commit",
     "error",
 ]
+# the per-epoch metrics a run's history keeps besides its dev score and training loss
+_PER_EPOCH = ("epoch_time_s", "load_per_cpu", "cpu_gflops")
 _HISTORY_COLUMNS = ["run_id", "data", "model", "freeze", "seed", "key", "epoch", "value"]
 
 

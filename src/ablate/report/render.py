@@ -9,10 +9,11 @@ from pathlib import Path
 import pandas as pd
 
 from ablate.config import project_root
-from ablate.report.cell import LR_FROM_STUDY, loaded, savings_loaded
+from ablate.report.cell import LR_FROM_STUDY
 from ablate.report.recipe import heading
 from ablate.report.stats import N_BOOT
 from ablate.report.summary import Report
+from ablate.report.timing import loaded, savings_loaded
 from ablate.tables import inline, markdown_table
 
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")

@@ -19,18 +19,10 @@ from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import recipe
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
-from ablate.report.cell import (
-    SPREAD,
-    busy_at_start,
-    busy_cpus,
-    loaded,
-    machines,
-    shared_gpu,
-    spread_said,
-    summary_row,
-)
+from ablate.report.cell import summary_row
 from ablate.report.load import Runs, describe_source, load_runs
 from ablate.report.stats import N_BOOT, Predictions
+from ablate.report.timing import time_notes
 from ablate.tracking.params import option_keys, settings
 
 BASELINE = "none"
@@ -243,38 +235,11 @@ _SUMMARY_COLUMNS = [
     "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
     "trainable_params_m", "total_params_m", "param_savings_pct",
     "train_time_s", "train_time_s_std", "train_time_spread", "timed_seeds", "time_savings_pct",
-    "trainer_runtime_s",
+    "trainer_runtime_s", "cpu_gflops", "speed_spread",
     "wall_s", "peak_rss_mb", "peak_rss_carried", "train_flops", "load_per_cpu",
     "jobs_on_gpu", "busy_cpus_at_start",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
 ]  # fmt: skip
-
-
-def _machines(group: pd.DataFrame) -> str:
-    """The CPUs a panel's runs trained on, each with its strategies, where there are several
-    (a run from before runs recorded theirs: not recorded); empty where all ran on one."""
-    cpu = machines(group)
-    if cpu.nunique() < 2:
-        return ""
-    return "; ".join(
-        f"{name}: {', '.join(strategy_order(group.freeze[cpu == name].unique()))}"
-        for name in sorted(cpu.unique())
-    )
-
-
-def _load_said(busy: pd.DataFrame) -> str:
-    """How loaded ``busy``'s runs were: their machine's threads per CPU, their GPU's jobs."""
-    said = []
-    if busy_cpus(busy).any():
-        said.append(f"up to {busy.load_per_cpu.max():.1f} runnable threads per CPU")
-    if busy_at_start(busy).any():
-        said.append(
-            f"other work keeping up to {busy.busy_cpus_at_start.max():.1f} CPUs busy at a run's "
-            "start (its OpenMP then waited passively throughout)"
-        )
-    if shared_gpu(busy).any():
-        said.append(f"up to {busy.jobs_on_gpu.max():.0f} jobs sharing a GPU")
-    return ", ".join(said)
 
 
 def build(
@@ -320,25 +285,7 @@ def build(
             rows.append({**head, "metric": metric, **summary_row(cell, base, preds, boot)})
         if differ := _differing_settings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
-        busy = group[loaded(group)]
-        if len(busy):
-            which = ", ".join(f"{r.freeze} seed {r.seed}" for r in busy.itertuples())
-            notes.append(
-                f"{panel}: runs measured on a loaded machine ({_load_said(busy)}): {which}. "
-                f"Their accuracy counts; their times count only where every seed of the strategy "
-                f"was loaded, and are marked *: compare those with care."
-            )
-        if machines := _machines(group):
-            notes.append(
-                f"{panel}: its runs trained on different machines ({machines}): train times and "
-                f"their savings compare only between runs on one machine."
-            )
-        if spread := spread_said([r for r in rows if r["panel"] == panel]):
-            notes.append(
-                f"{panel}: seeds of a strategy trained more than {SPREAD:g}x apart in time "
-                f"(slowest / fastest: {spread}): the machine's speed changed between runs, so "
-                f"those times and their savings are uncertain by about as much."
-            )
+        notes += time_notes(panel, group, rows, strategy_order(group.freeze))
         counts = group.groupby("freeze").size()
         if counts.nunique() > 1:
             notes.append(f"{panel}: strategies have different numbers of seeds: {_counts(counts)}.")

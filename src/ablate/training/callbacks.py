@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from transformers import TrainerCallback
 
 from ablate.training.recorder import Recorder
-from ablate.training.resources import usable_cpus
+from ablate.training.resources import cpu_gflops, usable_cpus
 
 log = logging.getLogger("ablate")
 
@@ -25,13 +25,16 @@ class EpochLogger(TrainerCallback):
     log (epoch, dev metric, train loss, time), and beats the run's heartbeat.
 
     ``load_per_cpu`` (the machine's 1-minute load average per usable CPU, at each epoch's end)
-    tells the report whether a run's times were measured beside other work.
+    tells the report whether a run's times were measured beside other work, and ``cpu_gflops``
+    (``resources.cpu_gflops``, after each epoch of a CPU run long enough that its ~50 ms count
+    for little) how fast the CPU ran.
 
     The Trainer's own MLflow integration steps metrics by optimiser step and logs every
     TrainingArguments field as a param, which would clash with ours; this keeps one scheme.
     """
 
     HEARTBEAT_S = 60.0
+    PROBE_FROM_S = 5.0  # epochs at least this long are followed by the CPU speed probe
 
     def __init__(self, record: Recorder, primary: str = "accuracy", also: Sequence[str] = ()):
         self.record = record
@@ -56,6 +59,8 @@ class EpochLogger(TrainerCallback):
         epoch = {"epoch_time_s": self._seconds}
         if load is not None:
             epoch["load_per_cpu"] = load
+        if args.device.type == "cpu" and self._seconds >= self.PROBE_FROM_S:
+            epoch["cpu_gflops"] = cpu_gflops()
         self.record.metrics(epoch, step=epoch_of(state))
         self.record.heartbeat()
 

@@ -330,3 +330,27 @@ def reset_peak_rss() -> str:
 def peak_rss_mb() -> float:
     """Peak resident memory of this process since it started or since ``reset_peak_rss``, MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# The CPU speed probe's work: PROBE_REPEATS products of PROBE_N-sided matrices (~50 ms on a core)
+PROBE_N, PROBE_REPEATS = 512, 30
+
+
+def cpu_gflops() -> float:
+    """This process's CPU speed now: a fixed fp32 matrix product work with its torch threads,
+    GFLOP/s. The CPU's name does not tell one host from another (a virtual machine's shared host
+    runs the same CPU at different speeds), so runs record this and the report compares times
+    only between runs of like speed. One timing of the whole work, not a median of short ones:
+    a host that takes the CPU away for moments slows it as it slows training. Draws no random
+    numbers."""
+    import time
+
+    import torch
+
+    a = torch.full((PROBE_N, PROBE_N), 0.5)
+    out = torch.empty_like(a)
+    torch.mm(a, a, out=out)  # the first call allocates and warms the kernel up
+    t0 = time.perf_counter()
+    for _ in range(PROBE_REPEATS):
+        torch.mm(a, a, out=out)
+    return PROBE_REPEATS * 2 * PROBE_N**3 / (time.perf_counter() - t0) / 1e9
