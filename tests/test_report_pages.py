@@ -73,7 +73,7 @@ def test_make_notebook_allows_root_only_for_root():
 
 def test_the_results_pages_blocks_read_the_reports_files(report_cli):
     from ablate import docs
-    from ablate.report.timing import savings_loaded
+    from ablate.report.timing import SPREAD, savings_loaded, savings_spread
 
     summary = pd.read_csv(report_cli.out / "summary.csv").set_index("strategy")
     path = str(report_cli.out)
@@ -86,11 +86,14 @@ def test_the_results_pages_blocks_read_the_reports_files(report_cli):
     findings = docs.results.results_findings(path)
     assert f"{summary.loc['none'].dev_mean_pct:.2f} ± " in findings
     # a saving timed beside other work (its own or the baseline's) says so, as the report marks it
+    # and one whose seeds' times lie far apart calls itself uncertain
     loaded = savings_loaded(summary.reset_index()).set_axis(summary.index)["all"]
+    spread = savings_spread(summary.reset_index()).set_axis(summary.index)["all"]
+    uncertain = f" (uncertain: seeds' times up to {spread:.1f}x apart)" if spread > SPREAD else ""
     assert (
         f"- `all` trains {share(all_.param_savings_pct, 0)} % fewer parameters in "
         f"{share(all_.time_savings_pct, 0)} % less training time"
-        f"{', timed beside other work' if loaded else ''}, and scores "
+        f"{', timed beside other work' if loaded else ''}{uncertain}, and scores "
         f"{all_.delta_dev_pt:+.2f} points of dev accuracy" in findings
     )
     commit = pd.read_csv(report_cli.out / "runs.csv").git_commit.iloc[0][:7]
