@@ -3,6 +3,7 @@ their numbers equal MLflow's, the runs left out and why, its filters, the strate
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from ablate import report
 from ablate.errors import AblateError
-from ablate.report import layout
+from ablate.report import charts, layout
 from ablate.tracking.params import primary_metric
 
 
@@ -231,6 +232,10 @@ def test_seeds_timed_far_apart_make_their_times_and_savings_uncertain(report_gri
     assert f"more than {SPREAD:g}x apart in time (slowest / fastest: all 2.00x)" in note
     # the baseline's saving rests on its own time, all's on both
     assert list(savings_spread(rep.summary)) == pytest.approx([1.1, 2.0])
+    fig = charts.train_time(rep)  # the chart marks all's saving as uncertain, and says why
+    assert [t.get_text() for t in fig.axes[0].texts if t.get_text().endswith(" ?")] == ["+43 % ?"]
+    assert "?: its or none's times lie over 1.25x apart" in fig.get_suptitle().replace("\n", " ")
+    plt.close(fig)
     df["train_time_s"] = [10.0 + s / 10 for s in df.seed]  # every strategy's seeds agree
     rep = report.build(report.Runs(df, runs.history, runs.params, runs.source))
     assert not [n for n in rep.notes if "apart in time" in n]

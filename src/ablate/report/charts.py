@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ablate.report import layout
 from ablate.report.summary import Report
-from ablate.report.timing import loaded, machines, savings_loaded, unloaded
+from ablate.report.timing import SPREAD, loaded, machines, savings_loaded, savings_spread, unloaded
 
 
 def accuracy(report: Report):
@@ -175,7 +175,7 @@ def train_time(report: Report):
     """Training time per strategy (seeds as dots) and the savings in time and params vs baseline."""
     with layout.style():
         fig, axes = layout.figure(report, rows=2)
-        b, marked = report.baseline, False
+        b, marked, unsure = report.baseline, False, False
         last = (
             layout.columns(report)[0] - 1
         )  # legends beside the first row's last panel: the right edge
@@ -222,6 +222,7 @@ def train_time(report: Report):
             finally:
                 np.random.set_state(state)
             busy, saving_busy = loaded(s), savings_loaded(s)  # as the table marks them
+            spread = savings_spread(s) > SPREAD  # as the findings call them uncertain
             for i, r in s.iterrows():
                 label = (
                     ""
@@ -229,6 +230,8 @@ def train_time(report: Report):
                     else (f"{-r.time_savings_pct:+.0f} %")
                 )
                 mark = " *" if busy[i] or (label and saving_busy[i]) else ""
+                mark += " ?" if label and spread[i] else ""
+                unsure = unsure or bool(label and spread[i])
                 if label or mark:
                     y = max(r.train_time_s, runs[runs.freeze == r.strategy].train_time_s.max())
                     top.annotate(
@@ -239,6 +242,8 @@ def train_time(report: Report):
                         ha="center",
                         va="bottom",
                         fontsize=7,
+                        # readable where it sits on the baseline's line
+                        bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none"},
                     )
             marked = marked or bool(busy.any() or saving_busy.any())
             layout.baseline_line(
@@ -295,6 +300,8 @@ def train_time(report: Report):
             layout.strategy_ticks(top, order)
             layout.strategy_ticks(bottom, [t.get_text() for t in bottom.get_xticklabels()])
         said = "; *: timed only on a loaded machine, compare with care" if marked else ""
+        if unsure:
+            said += f"; ?: its or {b}'s times lie over {SPREAD:g}x apart (machine speed): uncertain"
         layout.titles(
             fig,
             report,
