@@ -295,9 +295,15 @@ def test_the_best_finding_names_the_cheapest_strategy_within_half_a_point(tmp_pa
     table.loc[table.delta_method == "baseline", "train_time_spread"] = 1.8
     table.to_csv(study / "summary.csv", index=False)
     findings = docs.results.results_findings(str(study)).splitlines()
-    assert all("(uncertain: seeds' times up to 1.8x apart)" in f for f in findings[1:-1])
+    assert all("(uncertain: the times behind it up to 1.8x apart)" in f for f in findings[1:-1])
     assert "uncertain" not in findings[0]
     assert "uncertain" not in docs.results.results_findings(str(source.parent))
+    table["speed_spread"] = float("inf")  # timed on CPUs of recorded and unrecorded speed
+    table.to_csv(study / "summary.csv", index=False)
+    findings = docs.results.results_findings(str(study)).splitlines()
+    assert all(
+        "(uncertain: it or the baseline timed on a CPU of unrecorded" in f for f in findings[1:-1]
+    )
     table.loc[table.delta_method != "baseline", "delta_ci_low_pt"] = -0.4
     table.to_csv(study / "summary.csv", index=False)
     assert "interval" not in docs.results.results_best(str(study))

@@ -89,7 +89,9 @@ def test_the_results_pages_blocks_read_the_reports_files(report_cli):
     # and one whose seeds' times lie far apart calls itself uncertain
     loaded = savings_loaded(summary.reset_index()).set_axis(summary.index)["all"]
     spread = savings_spread(summary.reset_index()).set_axis(summary.index)["all"]
-    uncertain = f" (uncertain: seeds' times up to {spread:.1f}x apart)" if spread > SPREAD else ""
+    uncertain = (
+        f" (uncertain: the times behind it up to {spread:.1f}x apart)" if spread > SPREAD else ""
+    )
     assert (
         f"- `all` trains {share(all_.param_savings_pct, 0)} % fewer parameters in "
         f"{share(all_.time_savings_pct, 0)} % less training time"

@@ -74,8 +74,8 @@ def results_provenance(study: str = RESULTS) -> str:
 def _summary(study: str) -> list[dict]:
     """The rows of ``study``'s ``summary.csv`` (``csv_rows``), each with ``loaded``: whether its
     time saving rests on a time measured beside other work (its own or its baseline's), as the
-    report marks it, and ``spread``: how far apart its or its baseline's seeds' times lie
-    (slowest / fastest), where beyond ``SPREAD`` (NaN otherwise)."""
+    report marks it, and ``spread``: how far apart the times behind it may lie
+    (``savings_spread``), where beyond ``SPREAD`` (NaN otherwise)."""
     import pandas as pd
 
     from ablate.report.timing import SPREAD, savings_loaded, savings_spread
@@ -98,8 +98,10 @@ def _at_lr(row: dict) -> str:
 
 def _timed(row: dict) -> str:
     said = ", timed beside other work" if row["loaded"] else ""
-    if row["spread"] > 0:  # NaN where the seeds' times agree
-        said += f" (uncertain: seeds' times up to {row['spread']:.1f}x apart)"
+    if row["spread"] == float("inf"):  # one side recorded its CPU's speed, the other not
+        said += " (uncertain: it or the baseline timed on a CPU of unrecorded speed)"
+    elif row["spread"] > 0:  # NaN where the times agree
+        said += f" (uncertain: the times behind it up to {row['spread']:.1f}x apart)"
     return said
 
 

@@ -89,8 +89,11 @@ def summary_row(
         delta["time_savings_pct"] = 100 * (
             1 - row["train_time_s"] / unloaded(base).train_time_s.mean(skipna=False)
         )
-        speeds = pd.concat([timed.cpu_gflops, unloaded(base).cpu_gflops])
-        delta["speed_spread"] = speeds.max() / speeds.min()  # NaN where none recorded one
+        own, based = timed.cpu_gflops, unloaded(base).cpu_gflops
+        speeds = pd.concat([own, based])
+        # NaN where no run recorded its speed; inf where only one side did (speeds unknown)
+        one_side = own.isna().all() != based.isna().all()
+        delta["speed_spread"] = math.inf if one_side else speeds.max() / speeds.min()
         paired = cell[cell.seed.isin(b.index)]
         diffs = (paired.dev.to_numpy() - b.loc[paired.seed, "dev"].to_numpy()) * 100
         if cell.run_id.isin(base.run_id).all():

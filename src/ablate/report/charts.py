@@ -301,7 +301,7 @@ def train_time(report: Report):
             layout.strategy_ticks(bottom, [t.get_text() for t in bottom.get_xticklabels()])
         said = "; *: timed only on a loaded machine, compare with care" if marked else ""
         if unsure:
-            said += f"; ?: its or {b}'s times lie over {SPREAD:g}x apart (machine speed): uncertain"
+            said += f"; ?: its or {b}'s times over {SPREAD:g}x apart or of unknown CPU speed"
         layout.titles(
             fig,
             report,

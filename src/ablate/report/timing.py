@@ -10,9 +10,9 @@ from ablate.training.resources import PASSIVE_FROM
 # A run whose machine had more than this many runnable threads per usable CPU at the end of an
 # epoch shared its cores: its times are not comparable with an idle machine's.
 LOADED = 1.25
-# A strategy whose slowest counted seed trained more than this many times as long as its fastest
-# ran on a machine whose speed changed between its runs (a virtual machine's host, shared): its
-# time, and any saving computed from it, is uncertain by about as much.
+# A strategy whose slowest counted seed trained more than this many times as long as its fastest,
+# or runs whose CPU speed probes lie more than this far apart, ran on machines of changing speed
+# (a virtual machine's shared host): their times, and savings from them, are uncertain by as much.
 SPREAD = 1.25
 
 
