@@ -49,9 +49,7 @@ def savings_loaded(summary: pd.DataFrame) -> pd.Series:
     """Which summary rows' time savings rest on a time measured beside other work: their own
     (``loaded``), or their panel's baseline's."""
     busy = loaded(summary)
-    base = summary.delta_method == "baseline"
-    base_busy = dict(zip(summary.panel[base], busy[base], strict=True))
-    return busy | summary.panel.map(base_busy).fillna(False).astype(bool)
+    return busy | _baselines(summary, busy).fillna(False).astype(bool)
 
 
 def savings_spread(summary: pd.DataFrame) -> pd.Series:
@@ -60,10 +58,15 @@ def savings_spread(summary: pd.DataFrame) -> pd.Series:
     ``speed_spread`` (fastest / slowest CPU speed probe of its and the baseline's runs); NaN
     where none is known."""
     spread = pd.to_numeric(summary.train_time_spread)
-    base = summary.delta_method == "baseline"
-    base_spread = summary.panel.map(dict(zip(summary.panel[base], spread[base], strict=True)))
     speed = pd.to_numeric(summary.get("speed_spread", pd.Series(index=summary.index)))
-    return pd.concat([spread, pd.to_numeric(base_spread), speed], axis=1).max(axis=1)
+    base_spread = pd.to_numeric(_baselines(summary, spread))
+    return pd.concat([spread, base_spread, speed], axis=1).max(axis=1)
+
+
+def _baselines(summary: pd.DataFrame, values: pd.Series) -> pd.Series:
+    """For each summary row, ``values``' entry of its panel's baseline row (NaN where none)."""
+    base = summary.delta_method == "baseline"
+    return summary.panel.map(dict(zip(summary.panel[base], values[base], strict=True)))
 
 
 def speeds_said(group: pd.DataFrame, order: list[str]) -> str:
