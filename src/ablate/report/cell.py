@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.report.stats import Predictions, bootstrap_interval, t_interval
-from ablate.report.timing import unloaded
+from ablate.report.timing import probe_spread, unloaded
 
 # summary.csv's lr_from where every run of a strategy trained at its own study's lr.
 LR_FROM_STUDY = "its lr study"
@@ -89,11 +89,7 @@ def summary_row(
         delta["time_savings_pct"] = 100 * (
             1 - row["train_time_s"] / unloaded(base).train_time_s.mean(skipna=False)
         )
-        own, based = timed.cpu_gflops, unloaded(base).cpu_gflops
-        speeds = pd.concat([own, based])
-        # NaN where no run recorded its speed; inf where only one side did (speeds unknown)
-        one_side = own.isna().all() != based.isna().all()
-        delta["speed_spread"] = math.inf if one_side else speeds.max() / speeds.min()
+        delta["speed_spread"] = probe_spread([timed.cpu_gflops, unloaded(base).cpu_gflops])
         paired = cell[cell.seed.isin(b.index)]
         diffs = (paired.dev.to_numpy() - b.loc[paired.seed, "dev"].to_numpy()) * 100
         if cell.run_id.isin(base.run_id).all():

@@ -3,6 +3,8 @@ machines, with seeds far apart in time or CPUs probed at different speeds; the n
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ablate.training.resources import PASSIVE_FROM
@@ -74,16 +76,28 @@ def speeds_said(group: pd.DataFrame, order: list[str]) -> str:
     than ``SPREAD`` apart or only some runs recorded one; empty otherwise. A strategy's runs
     timed beside other work count only where all its runs were (as for its time)."""
     timed = {s: unloaded(group[group.freeze == s]).cpu_gflops.dropna() for s in order}
-    known = pd.concat(timed.values())
-    unknown = [s for s, values in timed.items() if values.empty]
-    if known.empty or (known.max() / known.min() <= SPREAD and not unknown):
+    if not probe_spread(list(timed.values())) > SPREAD:
         return ""
     ranges = [(s, v.min(), v.max()) for s, v in timed.items() if len(v)]
     said = ", ".join(
         f"{s} {lo:.0f}" + (f"-{hi:.0f}" if hi >= lo + 0.5 else "") for s, lo, hi in ranges
     )
     said += " GFLOP/s"
+    unknown = [s for s, values in timed.items() if values.empty]
     return f"{said}; not recorded: {', '.join(unknown)}" if unknown else said
+
+
+def probe_spread(sides: list[pd.Series]) -> float:
+    """Fastest / slowest CPU speed probe (``cpu_gflops``) over ``sides`` (each: some runs'
+    probes): inf where some side recorded none while another did (its speed unknown), NaN
+    where none did."""
+    known = [side.dropna() for side in sides]
+    probes = pd.concat(known)
+    if probes.empty:
+        return math.nan
+    if any(side.empty for side in known):
+        return math.inf
+    return probes.max() / probes.min()
 
 
 def spread_said(rows: list[dict]) -> str:
