@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -90,10 +91,11 @@ def test_a_study_killed_mid_trial_continues_and_two_workers_double_no_trial(
     gone, _ = psutil.wait_procs([child], timeout=30)
     assert gone, "the killed study's trial trained on"
     # The same command again (in this process: its modules are loaded), beside the worker still
-    # running.
+    # running, with a sweep folder of its own as a later command's would be.
     capsys.readouterr()
     assert second.poll() is None, logs[1].read_text()[-3000:]
-    assert study_cli.main(args) == 0, "".join(capsys.readouterr())[-3000:]
+    again = [*args, f"hydra.sweep.dir={tmp_path}/sweep-again"]
+    assert study_cli.main(again) == 0, "".join(capsys.readouterr())[-3000:]
     assert second.wait(timeout=600) == 0, logs[1].read_text()[-3000:]
     study = _study(args)
     states = [t.state for t in study.trials]
@@ -116,6 +118,34 @@ def test_a_study_killed_mid_trial_continues_and_two_workers_double_no_trial(
     out = "".join(capsys.readouterr())
     assert len(logged_runs(store)) == len(runs) + killed, out
     assert "study lr-UD_Naija-Slice-tiny-bitfit-" in out and ": 2 trials, 0 pruned" in out
+
+
+def test_a_killed_trials_retry_trains_where_the_try_trained_though_a_later_process_runs_it(
+    tmp_path,
+):
+    # A study process started again has a sweep folder of its own; its retry of a killed trial
+    # must still find that trial's epoch checkpoints, which lie in the try's job folder.
+    storage = lrstorage.open_storage(f"sqlite:///{tmp_path}/lr_study.db")
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    tried = tmp_path / "sweep-1" / "bitfit" / "0"
+    tried.mkdir(parents=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True)})
+    here = socket.gethostname()
+    process = {"trial": trial.number, "host": here, "pid": gone.pid, "started": "0"}
+    trial.set_user_attr("process", {**process, "job": str(tried)})
+    lrstudy._fail_dead(study)
+    (retry,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert retry.params == trial.params
+    later = tmp_path / "sweep-2" / "bitfit" / "0"
+    assert lrstudy.job_folder(retry, later) == tried
+    # another host's try, or a folder no longer there: the retry trains in a new folder
+    elsewhere = {**process, "host": f"{here}-not", "job": str(tried)}
+    study._storage.set_trial_user_attr(retry._trial_id, "process", elsewhere)
+    assert lrstudy.job_folder(study._storage.get_trial(retry._trial_id), later) == later
+    tried.rmdir()
+    assert lrstudy.job_folder(retry, later) == later
 
 
 def _pruning_args(slice_root, store: str, folder: Path) -> list[str]:

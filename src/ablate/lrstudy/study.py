@@ -13,8 +13,9 @@ ends, and a SIGKILL of the study takes its trial with it (``pruning._die_with``)
 Kill and resume: a RUNNING trial whose study process is gone (this host: its pid; any host: no
 Optuna heartbeat for ``storage.GRACE_S``) is failed and queued again at its lr
 (``RetryHeartbeatStaleTrialCallback``); its retry first looks for the run an earlier try ended
-(not rerun), else trains in the same job folder, which continues the KILLED run from its last
-epoch checkpoint. Several workers: a worker asks for a trial only while finished + running
+(not rerun), else trains in the first try's job folder (recorded with the trial: a study process
+started later has a sweep folder of its own), which continues the KILLED run from its last epoch
+checkpoint. Several workers: a worker asks for a trial only while finished + running
 trials are fewer than the study wants or a retry is queued, and a trial that finds that many
 finished, running or queued trials numbered before it (two workers asked at once) is dropped
 unrun, so none is doubled.
@@ -155,15 +156,15 @@ def _trial(
     ahead = [t for t in study.get_trials(deepcopy=False, states=COUNTED) if t.number < trial.number]
     if len(ahead) >= target(study, cfg.lr_study):
         raise Surplus(f"trial {trial.number}: the study had its trials; dropped unrun")
-    trial.set_user_attr("process", {"trial": trial.number, **_process()})
+    frozen = study._storage.get_trial(trial._trial_id)
+    tries = [*optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(frozen), trial.number]
+    job = job_folder(frozen, folder / str(tries[0]))
+    trial.set_user_attr("process", {"trial": trial.number, "job": str(job), **_process()})
     low, high = study.user_attrs["range"]
     study.sampler = sampler(study.study_name, cfg, trial.number)
     lr = trial.suggest_float("lr", low, high, log=True)
-    frozen = study._storage.get_trial(trial._trial_id)
-    tries = [*optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(frozen), trial.number]
     ended = _run_of(cfg.tracking, study.study_name, tries, lr)
     if ended is None:
-        job = folder / str(tries[0])  # a retry's: the first try's, to resume from its checkpoint
         log.info(
             "lr study %s: trial %d at lr %.3g (job folder %s)",
             study.study_name,
@@ -202,6 +203,18 @@ def _trial(
                 f"status {code}: see its job log in {job}"
             )
     return _result(cfg, trial, ended)
+
+
+def job_folder(trial: optuna.trial.FrozenTrial, new: Path) -> Path:
+    """Where ``trial`` trains: a retry in the job folder its killed try trained in (recorded in
+    the ``process`` attribute the retry copies), where that lies on this host, so that its run
+    continues from the try's last epoch checkpoint, even when a study process started later
+    (a sweep folder of its own) retries it; else ``new``."""
+    earlier = trial.user_attrs.get("process", {})
+    job = earlier.get("job")
+    if job and earlier.get("host") == socket.gethostname() and Path(job).is_dir():
+        return Path(job)
+    return new
 
 
 def _run_of(tracking: TrackingConfig, name: str, numbers: list[int], lr: float):
