@@ -48,6 +48,10 @@ def test_a_run_gives_its_experiment_a_view_with_the_primary_metric(store, tmp_pa
     shown = json.loads(tags["mlflow.sharedViewState.ablate-pos"])  # read by the UI as it is
     best, test = "metrics.`best_dev_accuracy`", "metrics.`test_accuracy`"
     assert shown["selectedColumns"][:2] == [best, test]
+    params = {"params.`data.name`", "params.`freeze.name`", "params.`trainer.lr`", "params.`seed`"}
+    assert params <= set(shown["selectedColumns"])
+    logged = MlflowClient(store).get_run(run.id).data.params
+    assert {p.split("`")[1] for p in params} <= set(logged)  # columns of params runs log
     assert shown["orderByKey"] == best and shown["orderByAsc"] is False
     page = f"/#/experiments/{run.experiment_id}/runs?viewStateShareKey=ablate-pos&workflowType="
     assert page in ui_links.address("http://h:1", run.experiment_id, view="ablate-pos")

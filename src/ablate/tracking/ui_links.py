@@ -9,7 +9,8 @@ addresses ask for it.
 MLflow's runs table opens with no metric column (they hide behind "Columns"). Each run's
 experiment holds a shared view (the tag ``mlflow.sharedViewState.<key>``, what the UI's own
 "Share" writes; ``?viewStateShareKey=<key>`` opens it) with the task's primary metric, best on dev
-first, and the addresses of an experiment's runs open it.
+first, and the data, strategy, lr and seed of each run; the addresses of an experiment's runs
+open it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ TRAINING_VIEW = "workflowType=machine_learning"
 HOST, PORT = "127.0.0.1", "5000"  # make ui's (the Makefile's PORT)
 RECORD = ".ui.json"  # beside a sqlite store: the make ui serving it
 VIEW_TAG = "mlflow.sharedViewState."  # + its key: the view the UI opens with viewStateShareKey
+# The params a comparison reads beside the metrics (run names are cut short in the table).
+COMPARED = ("data.name", "freeze.name", "trainer.lr", "seed")
 
 
 def view_key(task: str) -> str:
@@ -36,7 +39,9 @@ def view(primary: str) -> str:
     columns = [f"best_dev_{primary}", f"test_{primary}", "trainable_pct"]
     return json.dumps(
         {
-            "selectedColumns": [f"metrics.`{c}`" for c in columns] + ["attributes.`Models`"],
+            "selectedColumns": [f"metrics.`{c}`" for c in columns]
+            + [f"params.`{p}`" for p in COMPARED]
+            + ["attributes.`Models`"],
             "orderByKey": f"metrics.`best_dev_{primary}`",
             "orderByAsc": False,
         }
