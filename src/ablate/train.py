@@ -149,7 +149,8 @@ def take_tuned_lr(cfg: config.TrainCore) -> None:
 
     best = tuned_lr(cfg, study_command(cfg.freeze))
     log.info(
-        "freeze=%s trains at lr %.3g: the best of %d trials of study %s (dev %.4f, run %s)",
+        "freeze=%s trains at lr %.3g: the best of %d finished trials (pruned ones aside) of "
+        "study %s (dev %.4f, run %s)",
         cfg.freeze.name,
         best.lr,
         best.trials,
