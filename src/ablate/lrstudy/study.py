@@ -158,7 +158,7 @@ def _trial(
         raise Surplus(f"trial {trial.number}: the study had its trials; dropped unrun")
     frozen = study._storage.get_trial(trial._trial_id)
     tries = [*optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(frozen), trial.number]
-    job = job_folder(frozen, folder / str(tries[0]))
+    job = job_folder(frozen, (folder / str(tries[0])).resolve())  # found from any directory
     trial.set_user_attr("process", {"trial": trial.number, "job": str(job), **_process()})
     low, high = study.user_attrs["range"]
     study.sampler = sampler(study.study_name, cfg, trial.number)
