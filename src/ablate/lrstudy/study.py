@@ -50,6 +50,7 @@ from ablate.errors import AblateError
 from ablate.lrstudy import PRUNED_EPOCH_TAG, TRIAL_ENV, TRIAL_TAG, pruned, run_ended
 from ablate.lrstudy.storage import open_study, sampler, storage_url
 from ablate.tracking import procs
+from ablate.tracking.provenance import process
 from ablate.tracking.store import prepare
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ def _trial(
     frozen = study._storage.get_trial(trial._trial_id)
     tries = [*optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(frozen), trial.number]
     job = job_folder(frozen, (folder / str(tries[0])).resolve())  # found from any directory
-    trial.set_user_attr("process", {"trial": trial.number, "job": str(job), **_process()})
+    trial.set_user_attr("process", {"trial": trial.number, "job": str(job), **process()})
     low, high = study.user_attrs["range"]
     study.sampler = sampler(study.study_name, cfg, trial.number)
     lr = trial.suggest_float("lr", low, high, log=True)
@@ -244,10 +245,6 @@ def _result(cfg: TrainCore, trial: optuna.Trial, run) -> float:
         raise optuna.TrialPruned()
     trial.set_user_attr("epochs", int(run.data.metrics.get("stopped_epoch", cfg.trainer.epochs)))
     return run.data.metrics[f"best_dev_{tasks.get(cfg.data.task).primary_metric}"]
-
-
-def _process() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": procs.started(os.getpid())}
 
 
 def _fail_dead(study: optuna.Study) -> None:

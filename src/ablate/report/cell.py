@@ -23,6 +23,13 @@ def peak_carried(df: pd.DataFrame) -> pd.Series:
     return later & (df.peak_rss_scope != "job")
 
 
+def _spread(times: pd.Series) -> float:
+    """Slowest / fastest of ``times``; NaN where the fastest rounds to 0 s (a tiny run) or none
+    was recorded."""
+    fastest = times.min()
+    return times.max() / fastest if fastest > 0 else math.nan
+
+
 def summary_row(
     cell: pd.DataFrame, base: pd.DataFrame | None, preds: Predictions, boot: dict
 ) -> dict:
@@ -30,7 +37,6 @@ def summary_row(
     dev, test = cell.dev * 100, cell.test * 100
     n = len(cell)
     timed = unloaded(cell)
-    fastest = timed.train_time_s.min()
     # A mean of per-item correctness is an accuracy: the bootstrap over dev items (words or
     # sentences) estimates only that, not an F1.
     per_item = cell.metric.iloc[0] == "accuracy"
@@ -57,8 +63,7 @@ def summary_row(
         "total_params_m": cell.total_params.mean() / 1e6,
         "train_time_s": timed.train_time_s.mean(skipna=False),
         "train_time_s_std": timed.train_time_s.std(ddof=1) if len(timed) > 1 else math.nan,
-        # none where a seed's time rounds to 0 s (a tiny run) or is missing
-        "train_time_spread": timed.train_time_s.max() / fastest if fastest > 0 else math.nan,
+        "train_time_spread": _spread(timed.train_time_s),
         "cpu_gflops": timed.cpu_gflops.mean(),
         "timed_seeds": ",".join(str(s) for s in sorted(timed.seed)),
         "trainer_runtime_s": timed.trainer_runtime_s.mean(),
