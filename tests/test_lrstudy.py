@@ -345,3 +345,35 @@ def test_a_study_is_named_by_its_trials_settings_not_by_a_workers_resources():
     plain = name()
     assert name("trainer.threads=1", "trainer.eval_batch_size=8") == plain
     assert name("trainer.epochs=3") != plain and name("trainer.weight_decay=0.1") != plain
+
+
+def test_a_trial_without_threads_takes_its_share_of_the_cpus_as_the_studys_trials_come_and_go(
+    tmp_path,
+):
+    import torch
+    from helpers.runs import FakeRecorder
+
+    from ablate.lrstudy.cpus import ShareCpus
+    from ablate.tracking.provenance import process
+    from ablate.training.resources import usable_cpus
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s")
+    mine, neighbour, dead, elsewhere = (study.ask() for _ in range(4))
+    here = process()
+    for t in (mine, neighbour):
+        t.set_user_attr("process", {"trial": t.number, **here})
+    # a SIGKILLed worker's trial not yet failed, and a trial on another machine: not counted
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True, check=True).stdout.strip()  # fmt: skip
+    dead.set_user_attr("process", {"trial": dead.number, **here, "pid": int(gone)})
+    elsewhere.set_user_attr("process", {"trial": elsewhere.number, **here, "host": "elsewhere"})
+    before, record = torch.get_num_threads(), FakeRecorder()
+    try:
+        share = ShareCpus(study, mine.number, record)
+        assert share.share(step=0) == max(1, usable_cpus() // 2) == torch.get_num_threads()
+        study.tell(neighbour, 0.5)  # the other worker's trial ends: this one takes every CPU
+        assert share.share(step=7) == usable_cpus() == torch.get_num_threads()
+        if usable_cpus() > 1:  # a change is a metric of the run
+            assert record.metric_log == {"torch_threads": usable_cpus()}
+    finally:
+        torch.set_num_threads(before)

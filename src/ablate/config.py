@@ -196,7 +196,7 @@ class TrainerCore:
     threads: int | None = key(
         None,
         "torch CPU threads; null = the CPUs this process may use, divided among a parallel "
-        "launcher's workers",
+        "launcher's workers (an lr study's trial: among the study's trials on this machine)",
         setting=False,
     )
     omp_wait_policy: str = key(

@@ -1,6 +1,7 @@
 """A trial's side of an lr study: after each epoch its dev metric goes to the study, which may
-prune it (``lr_study.pruner``). Active only in a trial that ``ablate.lrstudy.study`` started (it
-names the trial in ``$ABLATE_LR_TRIAL``); any other run trains as usual."""
+prune it (``lr_study.pruner``); without ``trainer.threads`` it shares the CPUs with the study's
+other trials (``cpus``). Active only in a trial that ``ablate.lrstudy.study`` started (it names
+the trial in ``$ABLATE_LR_TRIAL``); any other run trains as usual."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ablate.lrstudy import (
     TRIAL_TAG,
     pruner,
 )
+from ablate.lrstudy.cpus import ShareCpus
 from ablate.training.callbacks import epoch_of
 from ablate.training.recorder import Recorder
 
@@ -31,9 +33,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("ablate")
 
 
-def callbacks(lr_study: LrStudyConfig, record: Recorder, primary: str) -> list[TrainerCallback]:
-    """The callback that reports to this process's trial, if it is one (``$ABLATE_LR_TRIAL``),
-    with the pruner of ``lr_study``."""
+def callbacks(
+    lr_study: LrStudyConfig, record: Recorder, primary: str, threads: int | None
+) -> list[TrainerCallback]:
+    """The callbacks of this process's trial, if it is one (``$ABLATE_LR_TRIAL``): its reports to
+    the study, with the pruner of ``lr_study``, and without ``threads`` (``trainer.threads``) its
+    share of the CPUs (``ablate.lrstudy.cpus``)."""
     given = os.environ.get(TRIAL_ENV)
     if not given:
         return []
@@ -49,7 +54,8 @@ def callbacks(lr_study: LrStudyConfig, record: Recorder, primary: str) -> list[T
     # how the study finds it, and the range its lr came from (the study widens between trials)
     searched = json.dumps(study.user_attrs.get("range"))
     record.tags({TRIAL_TAG: f"{trial['study']}:{trial['number']}", RANGE_TAG: searched})
-    return [ReportToStudy(optuna.Trial(study, trial["trial_id"]), record, primary)]
+    report = ReportToStudy(optuna.Trial(study, trial["trial_id"]), record, primary)
+    return [report] if threads else [report, ShareCpus(study, trial["number"], record)]
 
 
 def _die_with(driver: int) -> None:

@@ -168,9 +168,8 @@ def build_trainer(
     callbacks = [
         EpochLogger(record, task.primary_metric, task.epoch_metrics),
         *(make(record) for make in applied.callbacks),
-        *lr_trial_callbacks(
-            cfg.lr_study, record, task.primary_metric
-        ),  # an lr study's trial: its epochs
+        # an lr study's trial: its epochs, its share of the CPUs
+        *lr_trial_callbacks(cfg.lr_study, record, task.primary_metric, cfg.trainer.threads),
     ]
     ctx = Context(
         cfg,
