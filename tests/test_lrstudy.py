@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -375,5 +376,10 @@ def test_a_trial_without_threads_takes_its_share_of_the_cpus_as_the_studys_trial
         assert share.share(step=7) == usable_cpus() == torch.get_num_threads()
         if usable_cpus() > 1:  # a change is a metric of the run
             assert record.metric_log == {"torch_threads": usable_cpus()}
+        # a storage that fails mid-training: the trial trains on with the threads it has
+        torch.set_num_threads(1)
+        with sqlite3.connect(tmp_path / "s.db") as db:
+            db.execute("DROP TABLE trial_user_attributes")
+        assert share.share(step=9) == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)

@@ -45,7 +45,11 @@ class ShareCpus(TrainerCallback):
     def share(self, step: int) -> int:
         """Count the study's trials on this host and take this trial's share; the threads."""
         self.counted = time.monotonic()
-        threads = max(1, usable_cpus() // running_here(self.study))
+        try:
+            threads = max(1, usable_cpus() // running_here(self.study))
+        except Exception as e:  # a share is an optimisation: a storage that fails keeps the threads
+            log.warning("lr study: trial %d keeps its threads: %s", self.number, e)
+            return torch.get_num_threads()
         if threads != torch.get_num_threads():
             self.record.metrics({"torch_threads": threads}, step=step)
             log.info(
