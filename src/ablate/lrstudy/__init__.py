@@ -6,6 +6,7 @@ MLflow."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 
 from ablate.config import LrStudyConfig
@@ -26,6 +27,16 @@ def pruned(tags: Mapping[str, str]) -> bool:
 def run_ended(status: str, tags: Mapping[str, str]) -> bool:
     """Whether a trial's run ended: it trained out (FINISHED) or its study pruned it."""
     return status == "FINISHED" or pruned(tags)
+
+
+def owner_here(trial) -> dict | None:
+    """The process a RUNNING Optuna ``trial`` records as its worker (host, pid, start), where
+    that worker ran on this host; None for another host's, or a retry that still carries its
+    earlier try's record."""
+    owner = trial.user_attrs.get("process", {})
+    if owner.get("trial") != trial.number or owner.get("host") != socket.gethostname():
+        return None
+    return owner
 
 
 def trained_out(status: str, tags: Mapping[str, str]) -> bool:

@@ -6,13 +6,13 @@ left running takes them all rather than leaving a core idle."""
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import optuna
 import torch
 from transformers import TrainerCallback
 
+from ablate.lrstudy import owner_here
 from ablate.tracking import procs
 from ablate.training.recorder import Recorder
 from ablate.training.resources import usable_cpus
@@ -25,11 +25,9 @@ RECOUNT_S = 30.0  # how often a trial counts its neighbours again: a sqlite read
 def running_here(study: optuna.Study) -> int:
     """The study's trials training on this host now (each worker records its trial's process:
     host, pid, start), at least 1: this trial, before its worker's record is read back."""
-    host, count = socket.gethostname(), 0
+    count = 0
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = t.user_attrs.get("process", {})
-        # a retry carries its earlier try's record until its own is written: not yet counted
-        if owner.get("trial") == t.number and owner.get("host") == host:
+        if owner := owner_here(t):
             count += procs.same(int(owner["pid"]), owner.get("started"))
     return max(1, count)
 
@@ -40,13 +38,14 @@ class ShareCpus(TrainerCallback):
     change a ``torch_threads`` metric of the run at its step."""
 
     def __init__(self, study: optuna.Study, number: int, record: Recorder):
-        self.study, self.number, self.record, self.counted = study, number, record, -RECOUNT_S
+        self.study, self.number, self.record, self.counted = study, number, record, 0.0
 
     def share(self, step: int) -> int:
         """Count the study's trials on this host and take this trial's share; the threads."""
         self.counted = time.monotonic()
+        cpus = usable_cpus()
         try:
-            threads = max(1, usable_cpus() // running_here(self.study))
+            threads = max(1, cpus // running_here(self.study))
         except Exception as e:  # a share is an optimisation: a storage that fails keeps the threads
             log.warning("lr study: trial %d keeps its threads: %s", self.number, e)
             return torch.get_num_threads()
@@ -57,7 +56,7 @@ class ShareCpus(TrainerCallback):
                 "study's trials running on this host",
                 self.number,
                 threads,
-                usable_cpus(),
+                cpus,
             )
             torch.set_num_threads(threads)
         return threads

@@ -47,7 +47,14 @@ from omegaconf import OmegaConf
 
 from ablate import tasks
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, TRIAL_ENV, TRIAL_TAG, pruned, run_ended
+from ablate.lrstudy import (
+    PRUNED_EPOCH_TAG,
+    TRIAL_ENV,
+    TRIAL_TAG,
+    owner_here,
+    pruned,
+    run_ended,
+)
 from ablate.lrstudy.storage import open_study, sampler, storage_url
 from ablate.tracking import procs
 from ablate.tracking.provenance import process
@@ -250,13 +257,11 @@ def _result(cfg: TrainCore, trial: optuna.Trial, run) -> float:
 def _fail_dead(study: optuna.Study) -> None:
     """Fail and queue again the RUNNING trials whose study process on this host is gone (a
     SIGKILL), at once rather than after Optuna's heartbeat grace period."""
-    storage, host = study._storage, socket.gethostname()
+    storage = study._storage
     retry = storage.get_heartbeat_stale_trial_callback()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = t.user_attrs.get("process", {})
-        if owner.get("trial") != t.number or owner.get("host") != host:
-            continue  # not recorded yet, a copy from an earlier try, or another host's
-        if procs.same(int(owner["pid"]), owner.get("started")):
+        owner = owner_here(t)  # None: not recorded yet, an earlier try's copy, another host's
+        if owner is None or procs.same(int(owner["pid"]), owner.get("started")):
             continue
         try:
             storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
