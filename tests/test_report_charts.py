@@ -45,6 +45,15 @@ def test_charts_of_a_one_epoch_one_seed_grid_of_every_strategy_are_readable(repo
         plt.close(fig)
 
 
+def test_the_accuracy_charts_legend_covers_no_strategys_marks(report_grid):
+    runs = report.load_runs("ablate", report_grid.store, status="FINISHED")
+    df = runs.runs.copy()
+    df.loc[df.freeze == "none", "dev"] /= 2  # the first strategy's marks far below the other's
+    fig = charts.accuracy(report.build(report.Runs(df, runs.history, runs.params, runs.source)))
+    assert fig.axes[0].get_legend() is not None
+    assert overlaps(fig) == []
+
+
 def _loaded_marks(fig) -> list[str]:
     """The time chart's labels that carry the loaded mark, without the uncertain one (` ?`)
     that the tests' own runs earn or not by how busy the machine running the suite was."""

@@ -22,11 +22,12 @@ def overlaps(fig) -> list[tuple[str, str]]:
         if ax.get_legend() is not None:
             items.append((ax.get_legend(), ax.get_legend().get_window_extent(renderer)))
     found = []
-    for ax in fig.axes:  # a legend inside the axes must not cover a bar
+    for ax in fig.axes:  # a legend inside the axes must not cover a bar or a marker
         if ax.get_legend() is not None:
             box = ax.get_legend().get_window_extent(renderer)
             bars = [p for p in ax.patches if p.get_height() > 0 and p.get_width() > 0]
             found += [("legend", "bar") for p in bars if box.overlaps(p.get_window_extent())]
+            found += [("legend", "marker") for xy in _markers(ax) if box.contains(*xy)]
     for i, (a, box_a) in enumerate(items):
         for b, box_b in items[i + 1 :]:
             if not (box_a.overlaps(box_b) and box_a.width > 0 and box_b.width > 0):
@@ -42,3 +43,16 @@ def overlaps(fig) -> list[tuple[str, str]]:
                 found.append((getattr(a, "get_text", lambda: "legend")(),
                               getattr(b, "get_text", lambda: "legend")()))  # fmt: skip
     return found
+
+
+def _markers(ax) -> list[tuple[float, float]]:
+    """Where the axes' markers (a line's points drawn with a marker, a scatter's dots) sit, in
+    pixels."""
+    points = [
+        ax.transData.transform(line.get_xydata())
+        for line in ax.lines
+        if line.get_marker() not in (None, "", "None", " ") and len(line.get_xydata())
+    ]
+    points += [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections
+               if len(c.get_offsets())]  # fmt: skip
+    return [tuple(xy) for p in points for xy in p]

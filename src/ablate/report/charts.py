@@ -23,7 +23,8 @@ def accuracy(report: Report):
     """Dev metric per strategy: mean over seeds, 95 % CI error bars, seeds as dots."""
     with layout.style():
         fig, axes = layout.figure(report)
-        for (ax,), panel in zip(axes, layout.panels(report), strict=True):
+        last = layout.columns(report)[0] - 1  # the legend beside the first row's last panel
+        for col, ((ax,), panel) in enumerate(zip(axes, layout.panels(report), strict=True)):
             s = report.summary[report.summary.panel == panel].reset_index(drop=True)
             runs = report.runs[report.runs.panel == panel].assign(pct=lambda d: d.dev * 100)
             order, colours = list(s.strategy), layout.palette(s.strategy)
@@ -58,7 +59,9 @@ def accuracy(report: Report):
             ax.set_xlim(-0.5, len(order) - 0.5)
             ax.set(xlabel="freezing strategy", ylabel=layout.label(s.metric.iloc[0]))
             ax.set_title(layout.panel_title(report, panel))
-            ax.legend(loc="lower left", fontsize=8)
+            # beside the plot: inside, it covers a strategy's mean far below the others
+            if col == last:
+                ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
         methods = layout.methods(report.summary.dev_ci_method)
         layout.titles(
             fig,
