@@ -1,6 +1,7 @@
-"""Extensions: the parts of ablate that declare keys (``BUILTIN``: the strategies, the speed
-switches and plugins), then every module of the ``ablate_extensions`` namespace package, imported
-when the config schema is built (``ablate.config.register``), as Hydra imports ``hydra_plugins``.
+"""Extensions: the parts of ablate that declare keys or plugins (``BUILTIN``: the strategies, the
+speed switches and plugins, the lr study's trial plugin), then every module of the
+``ablate_extensions`` namespace package, imported when the config schema is built
+(``ablate.config.register``), as Hydra imports ``hydra_plugins``.
 A module there registers tasks (``ablate.tasks.register``), strategies
 (``ablate.strategies.register``), training plugins (``ablate.plugins.register``) and their
 switches (``ablate.switches.register``); the schema then holds the new switches.
@@ -16,10 +17,10 @@ import pkgutil
 
 log = logging.getLogger(__name__)
 NAMESPACE = "ablate_extensions"
-# ablate's own parts that declare keys (the strategies: the freeze keys; speed: its switches and
-# plugins), loaded by name as extensions are, since they sit above the schema they add to; speed
-# may be deleted, so each is loaded where it is there
-BUILTIN = ("ablate.strategies", "ablate.speed")
+# ablate's own parts that declare keys or plugins (the strategies: the freeze keys; speed: its
+# switches and plugins; lrstudy: its trial's plugin), loaded by name as extensions are, since they
+# sit above the schema they add to; speed may be deleted, so each is loaded where it is there
+BUILTIN = ("ablate.strategies", "ablate.speed", "ablate.lrstudy")
 _loaded: set[str] = set()
 
 

@@ -17,8 +17,9 @@ opens; then, in the run,
 A plugin that reads what another adds names it: ``provides`` lists what a plugin adds (an
 attribute of the wrapped model, of the collator), ``uses`` what it reads when present; ``active``
 refuses an order in which a plugin reads what a later one adds. Training itself provides
-``CORE_PROVIDES``. The built-in plugins are ``ablate.speed``'s, registered when it loads
-(``ablate.extensions``); without them a run trains with the core Trainer alone.
+``CORE_PROVIDES``. The built-in plugins are ``ablate.speed``'s and the lr study's trial
+(``ablate.lrstudy``), registered when they load (``ablate.extensions``); without them a run
+trains with the core Trainer alone.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
+from ablate import plugins
 from ablate.config import LrStudyConfig
 
 TRIAL_ENV = "ABLATE_LR_TRIAL"  # a trial's process: JSON of storage, study, trial_id, driver pid
@@ -17,6 +18,10 @@ PRUNED_TAG = "ablate.pruned"  # "true" on a pruned trial's run (ended KILLED, no
 PRUNED_EPOCH_TAG = "ablate.pruned_epoch"  # the last epoch it trained
 # the [low, high] lr range (JSON) the trial's lr was drawn from: the study's, widened or not
 RANGE_TAG = "ablate.lr_range"
+
+# a trial's training reports to its study through a training plugin, registered by name: the
+# study's own process, which imports this package, loads no torch or transformers
+plugins.register("ablate.lrstudy.pruning:LrTrial")
 
 
 def pruned(tags: Mapping[str, str]) -> bool:

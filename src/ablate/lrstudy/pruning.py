@@ -1,7 +1,8 @@
-"""A trial's side of an lr study: after each epoch its dev metric goes to the study, which may
-prune it (``lr_study.pruner``); without ``trainer.threads`` it shares the CPUs with the study's
-other trials (``cpus``). Active only in a trial that ``ablate.lrstudy.study`` started (it names
-the trial in ``$ABLATE_LR_TRIAL``); any other run trains as usual."""
+"""A trial's side of an lr study, a training plugin (``LrTrial``): after each epoch its dev metric
+goes to the study, which may prune it (``lr_study.pruner``); without ``trainer.threads`` it shares
+the CPUs with the study's other trials (``cpus``). Active only in a trial that
+``ablate.lrstudy.study`` started (it names the trial in ``$ABLATE_LR_TRIAL``); any other run
+trains as usual."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ablate.lrstudy import (
     pruner,
 )
 from ablate.lrstudy.cpus import ShareCpus
+from ablate.plugins import Context, Plugin
 from ablate.training.callbacks import epoch_of
 from ablate.training.recorder import Recorder
 
@@ -56,6 +58,20 @@ def callbacks(
     record.tags({TRIAL_TAG: f"{trial['study']}:{trial['number']}", RANGE_TAG: searched})
     report = ReportToStudy(optuna.Trial(study, trial["trial_id"]), record, primary)
     return [report] if threads else [report, ShareCpus(study, trial["number"], record)]
+
+
+class LrTrial(Plugin):
+    """Adds the callbacks of this process's trial, if it is one, to the run's Trainer."""
+
+    name = "lr_trial"
+
+    def prepare(self, ctx: Context) -> dict[str, str]:
+        """The trial's callbacks (``callbacks``); it implements no switch, so records none."""
+        cfg = ctx.cfg
+        ctx.callbacks += callbacks(
+            cfg.lr_study, ctx.record, ctx.task.primary_metric, cfg.trainer.threads
+        )
+        return {}
 
 
 def _die_with(driver: int) -> None:

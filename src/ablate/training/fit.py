@@ -11,7 +11,6 @@ import numpy as np
 from transformers import EarlyStoppingCallback, PrinterCallback
 
 from ablate import plugins
-from ablate.lrstudy.pruning import callbacks as lr_trial_callbacks
 from ablate.plugins import Context
 from ablate.quiet import quieted
 from ablate.strategies.base import Applied, build_optimizer
@@ -168,8 +167,6 @@ def build_trainer(
     callbacks = [
         EpochLogger(record, task.primary_metric, task.epoch_metrics),
         *(make(record) for make in applied.callbacks),
-        # an lr study's trial: its epochs, its share of the CPUs
-        *lr_trial_callbacks(cfg.lr_study, record, task.primary_metric, cfg.trainer.threads),
     ]
     ctx = Context(
         cfg,
