@@ -32,6 +32,12 @@ from ablate.lrstudy import storage as lrstorage
 from ablate.lrstudy import study as lrstudy
 from ablate.lrstudy.runs import best, tuned_lr
 
+# the tests set a study's state up by asking trials by hand, outside Study.optimize, which Optuna
+# warns of when the storage beats hearts; ablate's own studies ask through optimize
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Heartbeat of storage is supposed to be used with Study.optimize:UserWarning"
+)
+
 
 def test_the_environment_has_optuna_4_or_later_and_no_hydra_sweeper():
     assert int(md.version("optuna").split(".")[0]) >= 4
