@@ -23,7 +23,7 @@ def accuracy(report: Report):
     """Dev metric per strategy: mean over seeds, 95 % CI error bars, seeds as dots."""
     with layout.style():
         fig, axes = layout.figure(report)
-        last = layout.columns(report)[0] - 1  # the legend beside the first row's last panel
+        last = layout.legend_column(report)
         for col, ((ax,), panel) in enumerate(zip(axes, layout.panels(report), strict=True)):
             s = report.summary[report.summary.panel == panel].reset_index(drop=True)
             runs = report.runs[report.runs.panel == panel].assign(pct=lambda d: d.dev * 100)
@@ -59,9 +59,8 @@ def accuracy(report: Report):
             ax.set_xlim(-0.5, len(order) - 0.5)
             ax.set(xlabel="freezing strategy", ylabel=layout.label(s.metric.iloc[0]))
             ax.set_title(layout.panel_title(report, panel))
-            # beside the plot: inside, it covers a strategy's mean far below the others
             if col == last:
-                ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+                layout.legend_beside(ax)
         methods = layout.methods(report.summary.dev_ci_method)
         layout.titles(
             fig,
@@ -107,8 +106,7 @@ def convergence(report: Report):
             ax.set(
                 title=layout.panel_title(report, panel), xlabel="epoch", ylabel=layout.label(metric)
             )
-            # beside the plot: a dozen strategies would cover their own curves
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+            layout.legend_beside(ax)  # a panel's own: its strategies' curves
         one = (report.summary.n == 1).all()
         band = "one seed per strategy: no band" if one else "band: min–max over seeds"
         if int(report.history.epoch.max() if len(report.history) else 1) == 1:
@@ -149,13 +147,7 @@ def accuracy_vs_params(report: Report):
             # named in a legend beside the plot: strategies with close counts and scores would
             # bury labels written next to their points under each other
             # in columns of at most 11, so that a long list does not reach the tick labels below
-            ax.legend(
-                fontsize=8,
-                loc="upper left",
-                bbox_to_anchor=(1.01, 1),
-                borderaxespad=0,
-                ncol=-(-len(s) // 11),
-            )
+            layout.legend_beside(ax, ncol=-(-len(s) // 11))
             spread = s.trainable_params_m.max() / max(s.trainable_params_m.min(), 1e-12)
             xlabel = "trainable parameters (M)"
             if spread > 20:  # LoRA-like strategies sit orders of magnitude below the others
@@ -179,9 +171,7 @@ def train_time(report: Report):
     with layout.style():
         fig, axes = layout.figure(report, rows=2)
         b, marked, unsure = report.baseline, False, False
-        last = (
-            layout.columns(report)[0] - 1
-        )  # legends beside the first row's last panel: the right edge
+        last = layout.legend_column(report)
         for col, ((top, bottom), panel) in enumerate(zip(axes, layout.panels(report), strict=True)):
             s = report.summary[report.summary.panel == panel].reset_index(drop=True)
             # the runs whose times the bars average (loaded ones left out where there are others)
@@ -259,7 +249,7 @@ def train_time(report: Report):
             top.set_title(title)
             top.margins(y=0.12)  # room for the labels above the bars
             if top.get_legend_handles_labels()[0] and col == last:
-                top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+                layout.legend_beside(top)
 
             saved = s[s.strategy != b].melt(
                 id_vars="strategy",
@@ -285,13 +275,7 @@ def train_time(report: Report):
                 # legends beside the last panel: inside, they cover the baseline's bar or one
                 # that saves ~100 % of the params
                 if col == last:
-                    bottom.legend(
-                        fontsize=8,
-                        title=None,
-                        loc="upper left",
-                        bbox_to_anchor=(1.01, 1),
-                        borderaxespad=0,
-                    )
+                    layout.legend_beside(bottom, title=None)
                 else:
                     bottom.get_legend().remove()
             else:

@@ -82,6 +82,20 @@ def figure(report: Report, rows: int = 1):
     return fig, cells[:n]
 
 
+def legend_column(report: Report) -> int:
+    """The column of the first row's panel that carries a figure's one legend: the last, whose
+    right edge has room for it."""
+    return columns(report)[0] - 1
+
+
+def legend_beside(ax, **kwargs):
+    """The axes' legend beside them, top right: inside, a legend covers a bar or a mark wherever
+    the data happen to lie."""
+    return ax.legend(
+        fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, **kwargs
+    )
+
+
 def strategy_ticks(ax, order) -> None:
     """Strategy names under their bars, slanted and anchored at their end so none overlaps."""
     ax.set_xticks(range(len(order)), order)
