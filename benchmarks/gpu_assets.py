@@ -34,6 +34,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_MIB = 64  # what a device call carries: the working tree and FOLDER together
+IMAGE = ROOT / "benchmarks" / "gpu_image.txt"  # what the GPU machine's image has and lacks
+# What the last `make gpu-wheels` carried, in bytes (committed: the suite checks the tree and
+# these together against LIMIT_MIB without the network a fill needs)
+RECORD = ROOT / "benchmarks" / "gpu_assets.json"
 
 CARRIED = (
     # ablate's own requirements the image lacks, or may hold at another version
@@ -47,6 +51,8 @@ CARRIED = (
     "sqlparse", "fastapi", "starlette", "uvicorn", "python-dotenv",
     "cryptography", "cffi", "pycparser",  # the sqlite store's model registry imports Fernet
     "pyasn1", "pyasn1-modules",
+    "protobuf", "requests", "urllib3", "charset-normalizer", "xxhash", "zipp", "attrs",
+    "tabulate", "wcwidth",
     # in the image at versions not known here; installed only where too old for the rest
     "typing-extensions", "typing-inspection", "certifi",
 )  # fmt: skip
@@ -165,6 +171,66 @@ def tree_size() -> int:
     return sum((ROOT / f).stat().st_size for f in listed if f and (ROOT / f).is_file())
 
 
+def image() -> dict[str, set[str]]:
+    """The GPU image's package list (``IMAGE``): its ``has`` and ``lacks`` sections, as
+    canonical distribution names."""
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, set[str]] = {}
+    section = None
+    for line in IMAGE.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("["):
+            section = found.setdefault(line.strip("[]"), set())
+        elif line:
+            section.add(canonicalize_name(line.split()[0]))
+    return found
+
+
+def _with_requirements(names: set[str]) -> set[str]:
+    """``names`` and what they require, transitively, as installed here (no extras)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found, pending = set(), list(names)
+    while pending:
+        name = canonicalize_name(pending.pop())
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            lines = requires(name) or []
+        except PackageNotFoundError:
+            continue
+        for line in lines:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                pending.append(req.name)
+    return found
+
+
+def unavailable(distributions: set[str]) -> list[str]:
+    """Those of ``distributions`` (canonical names, imported by a run) that ablate requires,
+    directly or through what it requires, and the GPU machine would lack: neither carried nor
+    in its image. The image counts its ``has`` section and what those require (read from this
+    machine's metadata: the image's versions may differ), less its ``lacks``. A distribution
+    nothing requires was an optional import (``try: import IPython``): its absence is met."""
+    from packaging.utils import canonicalize_name
+
+    carried = {canonicalize_name(name) for name in CARRIED}
+    known = image()
+    have = (_with_requirements(known["has"]) - known["lacks"]) | carried
+    required = _with_requirements({r.name for r in ablate_requirements()})
+    return sorted(d for d in distributions if d in required and d not in have)
+
+
+def travel_bytes() -> tuple[int, int]:
+    """(the working tree, the assets the last fill recorded): the bytes a device call carries."""
+    return tree_size(), json.loads(RECORD.read_text())["total"]
+
+
 def fill(folder: Path, python: str, data_root: str | None) -> dict:
     """Write the wheels, data, model shapes and manifest into ``folder``; refuse a result that
     would not travel."""
@@ -189,6 +255,9 @@ def fill(folder: Path, python: str, data_root: str | None) -> dict:
     }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
     total, tree = _size(folder), tree_size()
+    wheels = {w.name: w.stat().st_size for w in sorted((folder / "wheels").glob("*.whl"))}
+    record = {"python": python, "wheels": wheels, "bytes": sizes, "total": total}
+    RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     parts = ", ".join(f"{name} {size / 2**20:.1f}" for name, size in sizes.items())
     print(f"{folder}: {total / 2**20:.1f} MiB ({parts}); with the working tree "
           f"({tree / 2**20:.1f} MiB) {(total + tree) / 2**20:.1f} of {LIMIT_MIB} MiB")  # fmt: skip

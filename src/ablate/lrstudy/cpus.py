@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-import optuna
 import torch
 from transformers import TrainerCallback
 
@@ -16,6 +16,9 @@ from ablate.lrstudy import owner_here
 from ablate.tracking import procs
 from ablate.training.recorder import Recorder
 from ablate.training.resources import usable_cpus
+
+if TYPE_CHECKING:
+    import optuna
 
 log = logging.getLogger("ablate")
 
@@ -25,8 +28,10 @@ RECOUNT_S = 30.0  # how often a trial counts its neighbours again: a sqlite read
 def running_here(study: optuna.Study) -> int:
     """The study's trials training on this host now (each worker records its trial's process:
     host, pid, start), at least 1: this trial, before its worker's record is read back."""
+    from optuna.trial import TrialState  # here: a run outside a study loads no Optuna
+
     count = 0
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if owner := owner_here(t):
             count += procs.same(int(owner["pid"]), owner.get("started"))
     return max(1, count)
