@@ -202,7 +202,7 @@ def test_packed_training_step_gives_the_padded_batch_gradient(
 def test_pack_layout_takes_fewer_wider_rows_when_they_cost_less():
     # rows of the longest window (50) hold one window each: 6 rows, 100 padding slots
     lengths = [50, 30, 30, 30, 30, 30]
-    assert len(batching._first_fit_decreasing(lengths, 50)) == 6
+    assert len(batching.first_fit_decreasing(lengths, 50)) == 6
     bins, width = batching.pack_layout(lengths)
     assert (len(bins), width) == (4, 60)  # 50 | 30+30 | 30+30 | 30: 40 padding slots, not 100
     cost = [

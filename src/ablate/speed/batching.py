@@ -175,7 +175,8 @@ def _pad_width(inputs: Mapping, width: int) -> dict:
     return padded
 
 
-def _first_fit_decreasing(lengths: list[int], width: int) -> list[list[int]]:
+def first_fit_decreasing(lengths: list[int], width: int) -> list[list[int]]:
+    """Window indices in rows of at most ``width`` tokens: first fit, longest first."""
     bins: list[list[int]] = []
     free: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -190,7 +191,8 @@ def _first_fit_decreasing(lengths: list[int], width: int) -> list[list[int]]:
     return bins
 
 
-def _pack_cost(rows: int, width: int) -> float:
+def pack_cost(rows: int, width: int) -> float:
+    """What ``rows`` packed rows of ``width`` cost, attention weighed in."""
     return rows * width * (1 + width / PACK_ATTENTION_WIDTH)
 
 
@@ -207,18 +209,18 @@ def pack_layout(lengths: list[int], quantum: int | None = None) -> tuple[list[li
     if quantum:
         return _rounded_layout(lengths, quantum)
     total, longest = sum(lengths), max(lengths)
-    bins = _first_fit_decreasing(lengths, longest)
-    best = (_pack_cost(len(bins), longest), bins, longest)
+    bins = first_fit_decreasing(lengths, longest)
+    best = (pack_cost(len(bins), longest), bins, longest)
     for rows in range(len(bins) - 1, 0, -1):  # fewer, wider rows
         width = max(longest, -(-total // rows))
-        if _pack_cost(rows, width) >= best[0]:  # and fewer rows only get wider
+        if pack_cost(rows, width) >= best[0]:  # and fewer rows only get wider
             break
-        bins = _first_fit_decreasing(lengths, width)
-        while len(bins) > rows and _pack_cost(rows, width + 1) < best[0]:
+        bins = first_fit_decreasing(lengths, width)
+        while len(bins) > rows and pack_cost(rows, width + 1) < best[0]:
             width += 1
-            bins = _first_fit_decreasing(lengths, width)
+            bins = first_fit_decreasing(lengths, width)
         if len(bins) <= rows:
-            best = (_pack_cost(len(bins), width), bins, width)
+            best = (pack_cost(len(bins), width), bins, width)
     return best[1], best[2]
 
 
@@ -227,10 +229,10 @@ def _rounded_layout(lengths: list[int], quantum: int) -> tuple[list[list[int]], 
     best: tuple[float, list[list[int]], int] | None = None
     # rows x W >= total, so width W costs at least total x (1 + W / PACK_ATTENTION_WIDTH)
     while best is None or total * (1 + width / PACK_ATTENTION_WIDTH) < best[0]:
-        bins = _first_fit_decreasing(lengths, width)
+        bins = first_fit_decreasing(lengths, width)
         rows = round_up(len(bins), max(1, SHAPE_TOKENS // width))
-        if best is None or _pack_cost(rows, width) < best[0]:
-            best = (_pack_cost(rows, width), bins + [[] for _ in range(rows - len(bins))], width)
+        if best is None or pack_cost(rows, width) < best[0]:
+            best = (pack_cost(rows, width), bins + [[] for _ in range(rows - len(bins))], width)
         if len(bins) == 1:  # wider rows only add padding
             break
         width += quantum
@@ -251,20 +253,29 @@ def pack_rows(inputs: Mapping, attention: str = "sdpa", quantum: int | None = No
     if mask is None:
         return None
     rows, width = mask.shape
-    ls = lengths.tolist()
-    bins, packed_width = pack_layout(ls, quantum)
+    bins, packed_width = pack_layout(lengths.tolist(), quantum)
     if len(bins) * packed_width >= rows * width and not quantum:  # rounded: a shape seen before
         return None
-    pad_slot = rows * width  # one extra slot holding each key's padding value
-    shape = (len(bins), packed_width)
+    return pack_into(inputs, lengths.tolist(), bins, packed_width, attention)
+
+
+def pack_into(
+    inputs: Mapping, lengths: list[int], bins: list[list[int]], width: int, attention: str
+) -> dict | None:
+    """A right-padded (B, L) batch whose windows have ``lengths`` as rows ``bins`` (window
+    indices; an empty bin is a row of padding) of ``width``: what ``pack_rows`` returns."""
+    mask = inputs["attention_mask"]
+    rows, length = mask.shape
+    pad_slot = rows * length  # one extra slot holding each key's padding value
+    shape = (len(bins), width)
     source = torch.full(shape, pad_slot, dtype=torch.long)
     position = torch.zeros(shape, dtype=torch.long)
     window = torch.full(shape, -1, dtype=torch.long)  # padding: its own block
     for r, members in enumerate(bins):
         start = 0
         for i in members:
-            n = ls[i]
-            source[r, start : start + n] = torch.arange(i * width, i * width + n)
+            n = lengths[i]
+            source[r, start : start + n] = torch.arange(i * length, i * length + n)
             position[r, start : start + n] = torch.arange(n)
             window[r, start : start + n] = i
             start += n
@@ -273,8 +284,8 @@ def pack_rows(inputs: Mapping, attention: str = "sdpa", quantum: int | None = No
     for key, value in inputs.items():
         if key == "attention_mask":
             continue
-        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[:2] == (rows, width):
-            flat = value.reshape(rows * width, *value.shape[2:])
+        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[:2] == (rows, length):
+            flat = value.reshape(rows * length, *value.shape[2:])
             fill = IGNORE if key == "labels" else 0
             flat = torch.cat([flat, flat.new_full((1, *flat.shape[1:]), fill)])
             packed[key] = flat[source]

@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 
 from ablate.models import anatomy
 from ablate.plugins import Context, Plugin
+from ablate.speed import graphs
 
 
 class RowsEmbedding(nn.Embedding):
@@ -132,6 +133,8 @@ class EmbeddingRows(Plugin):
         if not ctx.value("trainer.embedding_rows"):
             return {"embedding_rows": "off"}
         reason = skip_reason(ctx.model, ctx.applied)
+        if reason is None and ctx.value("trainer.cuda_graph") and graphs.why_eager(ctx) is None:
+            reason = "the captured step trains the whole table (trainer.cuda_graph)"
         if reason is not None:
             return {"embedding_rows": f"not applied: {reason}"}
         rows = apply(ctx.model, ctx.features["train"])

@@ -94,6 +94,19 @@ SPEED: list[Switch] = [
         added=True,
     ),
     Switch(
+        "trainer.cuda_graph",
+        bool,
+        False,
+        {"cpu": False, "cuda": False},
+        SAME_MATH,
+        "the whole training step (forward, backward, clipping, AdamW) captured as one CUDA graph "
+        "per batch shape and replayed, batches packed on the host into a few fixed shapes (the "
+        "same update; other dropout masks); a model or strategy it cannot take trains eagerly "
+        "(the log says why). GPU only",
+        plugin="cuda_graph",
+        added=True,
+    ),
+    Switch(
         "trainer.embedding_rows",
         bool,
         True,

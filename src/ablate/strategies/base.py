@@ -36,6 +36,8 @@ class Applied:
     ``callbacks``: factories called with the run's recorder, giving Trainer callbacks.
     ``artifacts``: artifact folder -> function that writes that folder's files into a directory.
     ``eager_only``: why the model trains eagerly even under ``trainer.compile`` (None: compiled).
+    ``eager_steps``: why its step cannot be captured under ``trainer.cuda_graph`` (a callback
+    that acts between steps; None: it can).
     """
 
     trainable_params: int
@@ -47,6 +49,7 @@ class Applied:
     callbacks: list[Callable[[Any], TrainerCallback]] = field(default_factory=list)
     artifacts: dict[str, Callable[[str], None]] = field(default_factory=dict)
     eager_only: str | None = None
+    eager_steps: str | None = None
 
     @property
     def trainable_pct(self) -> float:

@@ -132,4 +132,10 @@ def apply_method(model: nn.Module, freeze: FreezeConfig, method: Method) -> Appl
         warnings.filterwarnings("ignore", "Unsupported layer type .*LayerNorm")
         wrapped = peft.get_peft_model(model, config)
     callbacks = [lambda record, c=c: c for c in method.callbacks(wrapped, freeze)]
-    return describe(wrapped, artifacts={"adapter": wrapped.save_pretrained}, callbacks=callbacks)
+    between = f"{method.name} acts between steps (its schedule)" if callbacks else None
+    return describe(
+        wrapped,
+        artifacts={"adapter": wrapped.save_pretrained},
+        callbacks=callbacks,
+        eager_steps=between,
+    )
