@@ -30,7 +30,7 @@ class CoreTrainer(Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._keep_evaluation = False
-        self._losses: list[tuple[float, int]] = []
+        self._losses: torch.Tensor | None = None  # (sum of loss x scored labels, scored labels)
         self.last_evaluation: tuple[int, EvalLoopOutput] | None = None  # (global step, output)
 
     def _get_eval_sampler(self, eval_dataset):
@@ -39,8 +39,11 @@ class CoreTrainer(Trainer):
     def prediction_step(self, *args, **kwargs):
         loss, logits, labels = super().prediction_step(*args, **kwargs)
         if loss is not None and torch.is_tensor(labels):
-            scored = int((labels != IGNORE).sum())
-            self._losses.append((float(loss) * scored, scored))
+            # summed on the device in float64, batch after batch (as Python's floats summed
+            # them), and read once per evaluation rather than once per batch
+            scored = (labels != IGNORE).sum().double()
+            pair = torch.stack([loss.detach().double() * scored, scored])
+            self._losses = pair if self._losses is None else self._losses + pair
         return loss, logits, labels
 
     def evaluate(self, eval_dataset=None, *args, **kwargs):
@@ -74,13 +77,15 @@ class CoreTrainer(Trainer):
         ignore_keys=None,
         metric_key_prefix="eval",
     ) -> EvalLoopOutput:
-        self._losses = []  # (loss x scored labels, scored labels) per batch
+        self._losses = None
         out = self.evaluation_pass(
             dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
         )
-        key, scored = f"{metric_key_prefix}_loss", sum(n for _, n in self._losses)
-        if key in out.metrics and scored:
-            out.metrics[key] = sum(total for total, _ in self._losses) / scored
+        key = f"{metric_key_prefix}_loss"
+        if key in out.metrics and self._losses is not None:
+            total, scored = self._losses.tolist()
+            if scored:
+                out.metrics[key] = total / scored
         if self._keep_evaluation:
             self.last_evaluation = (self.state.global_step, out)
         return out
