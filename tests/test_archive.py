@@ -1,9 +1,12 @@
 """A study's archive: a real tiny study (an lr study's trials, then a grid with a tuned strategy)
 exported, imported into a new store and reported gives the same summary.csv; the same store
-gives the same bytes; a second import adds nothing; bad archives and stores fail whole."""
+gives the same bytes; a second import adds nothing; bad archives and stores fail whole. Version 2
+keeps metrics and predictions gzip-compressed; a version-1 archive (every file plain) still
+imports, into the same store."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +21,7 @@ from ablate import archive, docs
 from ablate.archive.__main__ import main as archive_main
 from ablate.archive.export import write_manifest
 from ablate.config import TUNED_TAG
+from ablate.fileio import read_gzip
 from ablate.report.cli import main as report_main
 
 STUDY = "lr-slice-all"
@@ -161,7 +165,7 @@ def test_bad_archives_and_stores_fail_whole(study, tmp_path, capsys):
 
     cut = tmp_path / "cut"
     shutil.copytree(study.archive, cut)
-    metrics = next(cut.glob("runs/*/metrics.tsv"))
+    metrics = next(cut.glob("runs/*/metrics.tsv.gz"))
     metrics.write_bytes(metrics.read_bytes()[:-40])  # truncated
     err = _fails(["import", str(cut), "--uri", uri], capsys)
     assert str(metrics) in err and "sha256 differs" in err and "export it again" in err
@@ -415,3 +419,143 @@ def test_a_failed_import_that_cannot_delete_its_runs_says_so_and_the_next_finish
     assert "1 runs a stopped import left unfinished" in out and "imported 1 of 5 runs" in out
     live = {r.data.tags[archive.ORIGIN_TAG]: r for r in _all_runs(uri)}
     assert len(_all_runs(uri)) == 5 and live[last.run_id].data.params == last.params
+
+
+def _version_1(study, tmp_path: Path) -> Path:
+    """The study's archive as version 1 wrote it: every file plain, signed again."""
+    out = tmp_path / "v1"
+    shutil.copytree(study.archive, out)
+    for gz in sorted(out.rglob("*.gz")):
+        gz.with_name(gz.name.removesuffix(".gz")).write_bytes(read_gzip(gz))
+        gz.unlink()
+    index = json.loads((out / archive.INDEX).read_text(encoding="utf-8"))
+    (out / archive.INDEX).write_text(archive.dumps({**index, "version": 1}), encoding="utf-8")
+    (out / archive.MANIFEST).unlink()
+    write_manifest(out)
+    return out
+
+
+def _content(store: str, tmp: Path) -> dict[str, tuple]:
+    """Every run of ``store`` by the id it was archived under: its info, params, tags (the runs
+    they name by their archived ids too), every point of every metric, every artifact's bytes."""
+    client = MlflowClient(store)
+    runs = _every_run(store)
+    origin = {r.info.run_id: r.data.tags[archive.ORIGIN_TAG] for r in runs}
+    out = {}
+    for run in runs:
+        run_id = run.info.run_id
+        points = {
+            key: [(m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key)]
+            for key in sorted(run.data.metrics)
+        }
+        (tmp / run_id).mkdir(parents=True)
+        got = Path(client.download_artifacts(run_id, "", str(tmp / run_id)))
+        files = {p.relative_to(got).as_posix(): p.read_bytes() for p in sorted(got.rglob("*"))
+                 if p.is_file()}  # fmt: skip
+        info = run.info
+        out[origin[run_id]] = (
+            (info.run_name, info.status, info.start_time, info.end_time, info.lifecycle_stage),
+            run.data.params,
+            {k: origin.get(v, v) for k, v in run.data.tags.items()},
+            points,
+            files,
+        )
+    return out
+
+
+def test_an_export_compresses_metrics_and_predictions_and_exports_again_to_the_byte(
+    study, tmp_path
+):
+    files = _files(study.archive)
+    first = archive.read(study.archive)
+    assert json.loads(files[archive.INDEX])["version"] == archive.VERSION == 2
+    assert any(r.artifacts for r in first.runs)
+    for run in first.runs:
+        name = run.folder.relative_to(study.archive).as_posix()
+        assert files[f"{name}/metrics.tsv.gz"][:2] == b"\x1f\x8b"  # gzip's magic
+        assert f"{name}/metrics.tsv" not in files
+        if run.artifacts:  # listed by their MLflow paths, stored compressed
+            assert run.artifacts == ["config.yaml", "predictions/dev.json"]
+            assert json.loads(read_gzip(run.stored("predictions/dev.json")))
+            assert f"{name}/artifacts/predictions/dev.json.gz" in files
+            assert f"{name}/artifacts/config.yaml" in files  # the rest plain, diffable
+    listed = (study.archive / archive.MANIFEST).read_text(encoding="utf-8")
+    assert "metrics.tsv.gz\n" in listed and "dev.json.gz\n" in listed  # the files as stored
+
+    # exported, imported, exported again: each run's files the same bytes under its new id
+    new = new_store(tmp_path / "new")
+    assert archive_main(["import", str(study.archive), "--uri", new]) == 0
+    again = tmp_path / "again"
+    scope = archive.report_args(first.index["scope"])
+    assert archive_main(["export", str(again), "--uri", new, *scope]) == 0
+    held = archive.read(again)
+    assert held.counts() == first.counts() and held.index["version"] == 2
+    skip = ("info.json", "tags.json")  # its new id, the tags naming runs' new ids
+    for run in held.runs:
+        mine = {k: v for k, v in _files(run.folder).items() if k not in skip}
+        was = _files(study.archive / archive.RUNS / run.tags[archive.ORIGIN_TAG])
+        assert mine == {k: v for k, v in was.items() if k not in skip}
+        assert "metrics.tsv.gz" in mine
+
+
+def test_a_version_1_archive_imports_into_the_same_store_as_its_version_2_twin(
+    study, tmp_path, capsys
+):
+    old = _version_1(study, tmp_path)
+    assert not list(old.rglob("*.gz")) and list(old.rglob("metrics.tsv"))
+    v1, v2 = archive.read(old), archive.read(study.archive)
+    assert v1.index["version"] == 1 and v2.index["version"] == 2
+    fields = ("info", "params", "tags", "inputs", "metrics", "artifacts")
+    for a, b in zip(v1.runs, v2.runs, strict=True):
+        assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+    stores = []
+    for name, folder in (("one", old), ("two", study.archive)):
+        stores.append(new_store(tmp_path / name))
+        assert archive_main(["import", str(folder), "--uri", stores[-1]]) == 0
+        assert "imported 5 of 5 runs" in capsys.readouterr().out
+    one, two = (_content(uri, tmp_path / f"got-{n}") for n, uri in enumerate(stores))
+    assert one == two and len(one) == 5
+    assert any("predictions/dev.json" in files for *_, files in one.values())
+
+
+def test_a_broken_or_misspelt_compressed_file_fails_before_anything_is_imported(
+    study, tmp_path, capsys
+):
+    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    read = archive.read(study.archive)
+    run = next(r for r in read.runs if r.artifacts)
+    name = f"{archive.RUNS}/{run.run_id}"
+
+    def broken(label: str, path: str, edit) -> str:
+        """The error of importing the study's archive with ``path`` edited, signed again."""
+        out = tmp_path / label
+        shutil.copytree(study.archive, out)
+        edit(out / path)
+        (out / archive.MANIFEST).unlink()
+        write_manifest(out)  # the sha256 matches: the gzip stream itself is checked
+        err = _fails(["import", str(out), "--uri", uri], capsys)
+        assert not (tmp_path / "new").exists()  # nothing imported, not even the store made
+        return err
+
+    def cut(path: Path) -> None:  # its last bytes (the checksum, the length) lost
+        path.write_bytes(path.read_bytes()[:-6])
+
+    def wrong_crc(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[-8] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    dev = f"{name}/artifacts/predictions/dev.json.gz"
+    err = broken("cut", dev, cut)
+    assert str(tmp_path / "cut" / dev) in err and "not a whole gzip stream" in err
+    err = broken("crc", f"{name}/metrics.tsv.gz", wrong_crc)
+    assert str(tmp_path / "crc" / name / "metrics.tsv.gz") in err and "gzip stream" in err
+    assert "export it again" in err
+
+    def plain(path: Path) -> None:  # a version 2 archive with a version 1 file
+        path.with_name("metrics.tsv").write_bytes(read_gzip(path))
+        path.unlink()
+
+    err = broken("plain", f"{name}/metrics.tsv.gz", plain)
+    assert str(tmp_path / "plain" / name / "metrics.tsv") in err
+    assert "version 2 keeps this file gzip-compressed, as metrics.tsv.gz" in err

@@ -207,8 +207,9 @@ def _added(archive, like: str, run_id: str, role: str = "run", **changed) -> Non
     import json
     import shutil
 
-    from ablate.archive import INDEX, dumps
+    from ablate.archive import INDEX, METRICS, dumps, stored_name
     from ablate.archive.export import write_manifest
+    from ablate.fileio import read_gzip, write_gzip
 
     index = json.loads((archive / INDEX).read_text(encoding="utf-8"))
     entry = next(e for e in index["runs"] if e["role"] == role and like in e["run_name"])
@@ -222,10 +223,15 @@ def _added(archive, like: str, run_id: str, role: str = "run", **changed) -> Non
     for name, update in edits.items():
         held = json.loads((folder / name).read_text(encoding="utf-8"))
         (folder / name).write_text(dumps({**held, **update}), encoding="utf-8")
-    lines = (folder / "metrics.tsv").read_text(encoding="utf-8").splitlines()
+    metrics = folder / stored_name(METRICS, index["version"])  # gzip-compressed from version 2
+    lines = read_gzip(metrics).decode() if metrics.suffix == ".gz" else metrics.read_text("utf-8")
     lines = ["\t".join([*(cells := line.split("\t"))[:3], str(changed.get(cells[0], cells[3]))])
-             for line in lines]  # fmt: skip
-    (folder / "metrics.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+             for line in lines.splitlines()]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    if metrics.suffix == ".gz":
+        write_gzip(metrics, text.encode())
+    else:
+        metrics.write_text(text, encoding="utf-8")
     index["runs"].append({**entry, "run_id": run_id})
     (archive / INDEX).write_text(dumps(index), encoding="utf-8")
     (archive / "SHA256SUMS").unlink()

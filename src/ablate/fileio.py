@@ -1,11 +1,14 @@
-"""File helpers that every layer shares (the data's and the archive's hashes; the journal's, the
-workers' and the team server's small files). Standard library only, so that anything may import
-it without a cycle or a cost."""
+"""File helpers that every layer shares (the data's and the archive's hashes and gzip files; the
+journal's, the workers' and the team server's small files). Standard library only, so that
+anything may import it without a cycle or a cost."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import os
+import zlib
 from pathlib import Path
 
 
@@ -36,3 +39,25 @@ def write_atomic(
             os.fchown(f.fileno(), *owner)
         f.write(text)
     tmp.replace(path)
+
+
+def write_gzip(path: str | Path, data: bytes) -> None:
+    """Write ``data`` gzip-compressed (level 9) to ``path``, the same bytes for the same data (and
+    zlib): no time and no file name in the header, which is a GzipFile's (its OS byte 255 on every
+    Python, where ``gzip.compress`` writes zlib's own on 3.11 and 3.12)."""
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=out, mtime=0) as gz:
+        gz.write(data)
+    Path(path).write_bytes(out.getvalue())
+
+
+def read_gzip(path: str | Path) -> bytes:
+    """The bytes a gzip file holds; ``ValueError`` saying what is wrong where it is no whole gzip
+    stream (not gzip, cut short, or its checksum wrong)."""
+    raw = Path(path).read_bytes()
+    try:
+        if not raw:  # gzip.decompress reads no member at all as empty data
+            raise EOFError("the file is empty")
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"not a whole gzip stream ({type(exc).__name__}: {exc})") from exc

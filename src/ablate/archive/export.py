@@ -12,8 +12,10 @@ from typing import Any
 from ablate.archive import (
     ARTIFACTS,
     FORMAT,
+    GZ,
     INDEX,
     MANIFEST,
+    METRICS,
     METRICS_HEADER,
     PARENT_TAG,
     RUNS,
@@ -21,10 +23,11 @@ from ablate.archive import (
     dumps,
     number,
     report_args,
+    stored_name,
 )
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
-from ablate.fileio import sha256_file
+from ablate.fileio import sha256_file, write_gzip
 from ablate.report.load import FILTERS, MlflowClient, MlflowException
 from ablate.tracking.store import all_runs
 
@@ -136,7 +139,7 @@ def _write_run(client: MlflowClient, run, experiment: str, folder: Path) -> None
     (folder / "params.json").write_text(dumps(dict(run.data.params)), encoding="utf-8")
     (folder / "tags.json").write_text(dumps(dict(run.data.tags)), encoding="utf-8")
     (folder / "inputs.json").write_text(dumps(_inputs(run)), encoding="utf-8")
-    (folder / "metrics.tsv").write_text(_history(client, run), encoding="utf-8")
+    write_gzip(folder / stored_name(METRICS), _history(client, run).encode("utf-8"))
     with tempfile.TemporaryDirectory() as tmp:
         for path in ARTIFACTS:
             if not _has_artifact(client, run, path):
@@ -145,9 +148,12 @@ def _write_run(client: MlflowClient, run, experiment: str, folder: Path) -> None
                 got = Path(client.download_artifacts(info.run_id, path, tmp))
             except (MlflowException, OSError) as exc:
                 raise _unreadable(run, path, exc) from exc
-            target = folder / "artifacts" / path
+            target = folder / "artifacts" / stored_name(path)
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(got, target)  # streamed: an artifact need not fit in memory
+            if target.name.endswith(GZ):  # predictions: ~120 KB of JSON a run
+                write_gzip(target, got.read_bytes())
+            else:
+                shutil.copyfile(got, target)  # streamed: an artifact need not fit in memory
 
 
 def _unreadable(run, path: str, why: object) -> AblateError:

@@ -16,10 +16,12 @@ import contextlib
 import json
 import math
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ablate.archive import (
+    GZ,
     IDENTITY_TAG,
     MOVED_TAG,
     ORIGIN_TAG,
@@ -31,6 +33,7 @@ from ablate.archive import (
 )
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
+from ablate.fileio import read_gzip
 from ablate.report.load import MlflowClient, MlflowException
 from ablate.tracking.journal import chunks
 from ablate.tracking.store import all_runs
@@ -210,6 +213,18 @@ def _create(client: MlflowClient, experiment_id: str, run: ArchivedRun) -> str:
     ).info.run_id
 
 
+def _plain(run: ArchivedRun, path: str, tmp: Path) -> Path:
+    """The artifact ``path`` of ``run`` as MLflow logged it: its archived file, or where that is
+    gzip-compressed (version 2), its bytes decompressed into ``tmp/<path>``, under its own name."""
+    stored = run.stored(path)
+    if not stored.name.endswith(GZ):
+        return stored
+    plain = tmp / path
+    plain.parent.mkdir(parents=True, exist_ok=True)
+    plain.write_bytes(read_gzip(stored))
+    return plain
+
+
 def _write(client: MlflowClient, run: ArchivedRun, new_id: str, ids: dict[str, str]) -> None:
     from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 
@@ -240,9 +255,10 @@ def _write(client: MlflowClient, run: ArchivedRun, new_id: str, ids: dict[str, s
                 for d in run.inputs
             ],
         )
-    for path in run.artifacts:
-        folder = str(Path(path).parent) if "/" in path else None
-        client.log_artifact(new_id, str(run.folder / "artifacts" / path), folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in run.artifacts:
+            folder = str(Path(path).parent) if "/" in path else None
+            client.log_artifact(new_id, str(_plain(run, path, Path(tmp))), folder)
     status, end = run.info["status"], run.info.get("end_time")
     if status != "RUNNING":
         client.set_terminated(new_id, status=status, end_time=end)
