@@ -1,5 +1,6 @@
-"""``python -m ablate.archive export|import``: a study's runs to a folder of plain-text files and
-back into any MLflow store. Every error is one line that names the file or run and the fix."""
+"""``python -m ablate.archive export|import``: a study's runs to a folder of files (plain text;
+metrics and predictions gzipped) and back into any MLflow store. Every error is one line that
+names the file or run and the fix."""
 
 from __future__ import annotations
 
