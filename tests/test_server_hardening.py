@@ -29,8 +29,8 @@ from helpers.scale import free_port
 
 from ablate.errors import AblateError
 from ablate.server import control, members, postgres
-from ablate.server.app import password_problem
 from ablate.server.credentials import read_credentials
+from ablate.server.passwords import password_problem
 from ablate.server.service_user import SERVICE_USER
 from ablate.tracking.auth import ENV_PASSWORD, ENV_USER
 
@@ -119,6 +119,76 @@ def test_experiments_live_in_the_servers_store_whoever_asks(srv):
                       headers={"Content-Type": "application/json"})  # fmt: skip
         assert answer.status_code == 400, answer.text
     assert not Path("/tmp/ablate-leak").exists()
+
+
+def test_an_artifact_location_is_refused_however_it_is_spelled(srv):
+    other, _ = new_run(srv, "someone-elses")
+    places = ["file:///tmp/ablate-leak", "s3://bucket/x", "gs://b/x", "dbfs:/x"]
+    places += ["mlflow-artifacts:/../../", "/tmp/ablate-leak", f"mlflow-artifacts:/{other}"]
+    for who in (srv.admin, srv.ed):
+        for key in ("artifactLocation", "artifact_location"):
+            for place in places:
+                body = {"name": f"at-{uuid.uuid4().hex[:6]}", key: place}
+                answer = call(srv, "POST", f"{API}/experiments/create", who, json=body)
+                assert answer.status_code == 400 and "artifact_location" in answer.text, place
+        answer = call(srv, "POST", f"{API}/experiments/create", who,
+                      json={"name": f"plain-{uuid.uuid4().hex[:6]}"})  # fmt: skip
+        assert answer.status_code == 200, answer.text  # without one, as before
+    assert not Path("/tmp/ablate-leak").exists()
+
+
+def test_no_run_is_created_where_an_experiment_keeps_artifacts_outside(srv):
+    exp, _ = new_run(srv, "moved-out")
+    state = json.loads((srv.folder / control.STATE).read_text())
+    url = os.environ.get("PGPASSFILE")
+    os.environ["PGPASSFILE"] = str(srv.folder / "pgpass")
+    try:  # an experiment made before the server refused such locations
+        with psycopg2.connect(host="127.0.0.1", port=state["pg_port"], user="ablate",
+                              dbname="mlflow") as db:  # fmt: skip
+            db.cursor().execute(
+                "UPDATE experiments SET artifact_location = %s WHERE experiment_id = %s",
+                ("file:///tmp/ablate-leak", int(exp)),
+            )
+    finally:
+        os.environ.pop("PGPASSFILE") if url is None else os.environ.update(PGPASSFILE=url)
+    for who in (srv.admin, srv.ed):
+        answer = call(srv, "POST", f"{API}/runs/create", who, json={"experiment_id": exp})
+        assert answer.status_code == 400 and "outside this server's store" in answer.text
+    fine, _ = new_run(srv, "stays-in")
+    assert fine
+
+
+def test_a_trace_id_is_one_plain_name(srv):
+    exp, _ = new_run(srv, "traces")
+    for bad in ("../../2/traces/tr-0123", "tr-ok/../../x", "a/b"):
+        trace = {"trace_info": {"trace_id": bad, "trace_location": {
+            "type": "MLFLOW_EXPERIMENT", "mlflow_experiment": {"experiment_id": exp}}}}  # fmt: skip
+        answer = call(srv, "POST", "/api/3.0/mlflow/traces", srv.ed, json={"trace": trace})
+        assert answer.status_code == 400 and "trace id" in answer.text, bad
+        # a read by such an id is refused too (MLflow finds no trace, or ablate's check)
+        read = call(srv, "GET", f"{API}/get-trace-artifact", srv.ed, params={"request_id": bad})
+        assert read.status_code in (400, 403), bad
+
+
+def test_every_request_body_has_a_size_limit_whatever_its_encoding(srv):
+    exp, run = new_run(srv, "bodies")
+    body = b'{"run_id": "' + run.encode() + b'", "metrics": []' + b" " * 2**20 + b"}"
+    for who in (srv.rita, srv.ed):
+        sized = call(srv, "POST", f"{API}/runs/log-batch", who, data=body,
+                     headers={"Content-Type": "application/json"})  # fmt: skip
+        assert sized.status_code == 413, sized.text
+        chunks = iter([body[i : i + 65536] for i in range(0, len(body), 65536)])
+        chunked = call(srv, "POST", f"{API}/runs/log-batch", who, data=chunks,
+                       headers={"Content-Type": "application/json"})  # fmt: skip
+        assert chunked.status_code == 413, chunked.text
+        graphql = call(srv, "POST", "/graphql", who, data=iter([b"{" + b" " * 2**20 + b"}"]),
+                       headers={"Content-Type": "application/json"})  # fmt: skip
+        assert graphql.status_code == 413, graphql.text
+    point = {"key": "m", "value": 1.0, "timestamp": 1, "step": 0}
+    small = call(
+        srv, "POST", f"{API}/runs/log-batch", srv.ed, json={"run_id": run, "metrics": [point]}
+    )
+    assert small.status_code == 200, small.text
 
 
 def test_the_artifact_routes_never_follow_a_symlink_out_of_the_store(srv):
@@ -247,6 +317,17 @@ def test_the_server_runs_as_its_own_user_with_root_files_out_of_reach(srv):
                 cur.execute("COPY (SELECT 1) TO PROGRAM 'id'")
     finally:
         os.environ.pop("PGPASSFILE") if url is None else os.environ.update(PGPASSFILE=url)
+
+
+def test_the_admins_password_stays_in_no_server_process_or_config(srv):
+    state = json.loads((srv.folder / control.STATE).read_text())
+    server = psutil.Process(state["mlflow_pid"])
+    password = srv.admin[1].encode()
+    for process in (server, *server.children(recursive=True)):
+        assert password not in Path(f"/proc/{process.pid}/environ").read_bytes(), process
+    assert srv.admin[1] not in (srv.folder / control.AUTH_CONFIG).read_text()
+    # yet the admin logs in: the user store was made with it
+    assert call(srv, "GET", f"{API}/users/get", srv.admin, params={"username": "ed"}).ok
 
 
 def test_another_local_user_reads_nothing_of_the_server(srv):

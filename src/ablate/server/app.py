@@ -10,7 +10,9 @@ it. MLflow offers no setting for any of these, so they are hooks around its app:
 - only the admin lists users or looks up another user;
 - a password is set only if long enough and not a common one; failed logins are limited per
   user name and per client address; a malformed ``Authorization`` header is a 401;
-- a request body is at most ``ABLATE_SERVER_MAX_UPLOAD_MB`` (an upload states its length);
+- an upload's body is at most ``ABLATE_SERVER_MAX_UPLOAD_MB`` (and states its length), any other
+  request's at most ``DEFAULT_MAX_REQUEST_MB`` (or the upload limit, if lower), counted as it
+  arrives where it states no length;
 - ``/ablate/lr-study-storage`` names the port of the server's lr-study storage, without a
   password (``ablate.server.studies`` asks for the login).
 """
@@ -28,49 +30,20 @@ import threading
 import time
 from urllib.parse import urlparse
 
+from ablate.server import names
+from ablate.server.passwords import password_problem
+
 APP_NAME = "ablate-auth"
 MAX_UPLOAD_ENV = "ABLATE_SERVER_MAX_UPLOAD_MB"
 DEFAULT_MAX_UPLOAD_MB = 1024
-MIN_PASSWORD = 12
+# every other request (the JSON API, GraphQL): a log-batch of MLflow's own limits is ~1 MB
+DEFAULT_MAX_REQUEST_MB = 64
 LOGINS_ENV = "ABLATE_SERVER_LOGINS"  # the file that counts failed logins
 # the port of the lr-study storage (ablate.server.studies), and where the app names it
 STUDY_PORT_ENV, STUDY_INFO_PATH = "ABLATE_SERVER_STUDY_PORT", "/ablate/lr-study-storage"
 # failed logins in a window after which a user name, or a client address, is refused until
 # the window has passed
 LOGIN_LIMITS, LOGIN_WINDOW_S = {"user": 10, "address": 30}, 300
-
-# The most used passwords' words (as in the public top lists), without the digits and signs
-# people append: no offline breach list ships with the project's libraries, so this short list
-# and the patterns in ``password_problem`` stand in for one.
-_WORDS = """password passwort passw0rd p@ssword p@ssw0rd qwerty qwertz azerty qwertyuiop asdfgh
-    asdfghjkl zxcvbnm letmein welcome admin administrator root iloveyou monkey dragon football
-    baseball soccer hockey sunshine princess trustno1 abc abcd abcdef abcdefg master login
-    superman batman starwars whatever shadow secret changeme default mlflow ablate test tester
-    testing guest user hello freedom flower summer winter spring autumn computer internet
-    michael jennifer jordan charlie thomas daniel access mustang killer pokemon"""
-_COMMON_WORDS = frozenset(_WORDS.split())
-_TRAILING = re.compile(r"[\d\W_]+$")
-_LEADING = re.compile(r"^[\d\W_]+")
-
-
-def password_problem(password: str, username: str = "") -> str | None:
-    """Why ``password`` may not be set (None: it may): too short, a common word with digits or
-    signs around it, few distinct characters, a run of keys or digits, or the user's name (of
-    3 characters or more)."""
-    if len(password) < MIN_PASSWORD:
-        return f"a password needs at least {MIN_PASSWORD} characters"
-    low = password.lower()
-    core = _LEADING.sub("", _TRAILING.sub("", low))
-    sequences = ("0123456789", "1234567890", "abcdefghijklmnopqrstuvwxyz", "qwertyuiopasdfghjkl")
-    if (
-        core in _COMMON_WORDS
-        or not core
-        or len(set(low)) < 5
-        or any(low in s * 2 for s in sequences)
-        or (len(username) >= 3 and username.lower() in low)
-    ):
-        return "this password is too common or too easy to guess: choose another"
-    return None
 
 
 def _inside(path: str, root: str) -> bool:
@@ -167,7 +140,7 @@ _CREATES = {
     ("mlflow/upload-artifact", "POST"): False,
 }
 _PASSWORD_ROUTES = {"mlflow/users/create", "mlflow/users/update-password", "mlflow/users/create-ui"}
-_BODY_ROUTES = {"mlflow/experiments/create", *_PASSWORD_ROUTES}
+_BODY_ROUTES = {"mlflow/experiments/create", "mlflow/runs/create", *_PASSWORD_ROUTES}
 
 
 def grants(username: str, store=None) -> tuple[bool, set[tuple[str, str]]]:
@@ -196,6 +169,21 @@ def _json_body(request) -> dict:
     return body if isinstance(body, dict) else {}
 
 
+def _outside_location(body: dict) -> str | None:
+    """The artifact location of the experiment a ``runs/create`` body names, where it lies
+    outside the server's store (an experiment made before the server refused such locations)."""
+    from mlflow.server.handlers import _get_tracking_store
+
+    experiment = str(body.get("experiment_id") or body.get("experimentId") or "")
+    if not experiment.isdigit():
+        return None  # MLflow answers a missing or malformed id itself
+    try:
+        location = _get_tracking_store().get_experiment(experiment).artifact_location
+    except Exception:  # no such experiment: MLflow's own 404
+        return None
+    return location if names.outside_store(location) else None
+
+
 def _before_request():
     """After MLflow's own check (the user is known, and allowed by MLflow)."""
     from flask import g, request
@@ -204,14 +192,26 @@ def _before_request():
     if username is None:  # a route open without a password
         return None
     route = _PREFIX.sub("", request.path)
+    traces = "trace" in route and not route.startswith("mlflow-artifacts")
     # only the routes checked below read the body: an upload's stream is MLflow's to read
-    body = _json_body(request) if route in _BODY_ROUTES else {}
-    if route == "mlflow/experiments/create" and body.get("artifact_location"):
+    body = _json_body(request) if route in _BODY_ROUTES or traces else {}
+    if route == "mlflow/experiments/create" and names.requested_location(body):
         return _json_error(
             400,
             "INVALID_PARAMETER_VALUE",
             "artifact_location: this server keeps every experiment's artifacts in its own "
             "store; create the experiment without one",
+        )
+    if route == "mlflow/runs/create" and (where := _outside_location(body)):
+        return _json_error(
+            400,
+            "INVALID_PARAMETER_VALUE",
+            f"experiment {body.get('experiment_id')} keeps its artifacts at {where}, outside "
+            "this server's store: log to an experiment the server created",
+        )
+    if traces and (bad := names.bad_trace_ids(request.args.to_dict(flat=False), body)):
+        return _json_error(
+            400, "INVALID_PARAMETER_VALUE", f"trace id {bad[0]!r}: a trace id is one plain name"
         )
     if route in _PASSWORD_ROUTES and request.method in ("POST", "PATCH"):
         password = body.get("password") or request.form.get("password") or ""
@@ -272,8 +272,11 @@ class Guard:
     """The ASGI layer in front of MLflow's: the ``Authorization`` header's form, failed logins
     per user and per address, and the size of a request's body."""
 
-    def __init__(self, app, max_body: int, logins: str = ":memory:"):
+    def __init__(
+        self, app, max_body: int, logins: str = ":memory:", max_request: int | None = None
+    ):
         self.app, self.max_body = app, max_body
+        self.max_request = DEFAULT_MAX_REQUEST_MB * 2**20 if max_request is None else max_request
         self.failures = LoginFailures(logins)
 
     async def __call__(self, scope, receive, send):
@@ -297,20 +300,42 @@ class Guard:
         length = headers.get(b"content-length")
         if length is not None and not length.isdigit():
             return await _plain(send, 400, "bad Content-Length")
-        if length is not None and int(length) > self.max_body:
-            return await _plain(
-                send, 413, f"request body over {self.max_body // 2**20} MB (the server's limit)"
-            )
-        if length is None and scope["method"] in ("PUT", "POST") and "artifact" in scope["path"]:
+        upload = "artifact" in scope["path"]
+        limit = self.max_body if upload else min(self.max_body, self.max_request)
+        too_big = f"request body over {max(1, limit // 2**20)} MB (the server's limit)"
+        if length is not None and int(length) > limit:
+            return await _plain(send, 413, too_big)
+        if length is None and scope["method"] in ("PUT", "POST") and upload:
             return await _plain(send, 411, "an upload states its length (Content-Length)")
-        status = {}
+        status: dict = {}
+        received = [0]
+
+        async def counted():
+            # a body without a length (chunked) is counted as it arrives, and cut at the limit
+            message = await receive()
+            if message["type"] == "http.request":
+                received[0] += len(message.get("body", b""))
+                if received[0] > limit:
+                    status["over"] = True
+                    return {"type": "http.disconnect"}
+            return message
 
         async def watch(message):
             if message["type"] == "http.response.start":
+                if status.get("over"):
+                    return  # the 413 below answers instead
                 status["code"] = message["status"]
+            if status.get("over"):
+                return
             await send(message)
 
-        await self.app(scope, receive, watch)
+        try:
+            await self.app(scope, receive if length is not None else counted, watch)
+        except Exception:
+            if not status.get("over"):
+                raise
+        if status.get("over") and "code" not in status:
+            return await _plain(send, 413, too_big)
         if keys and status.get("code") == 401:
             self.failures.failed(keys)
 

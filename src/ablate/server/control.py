@@ -135,6 +135,8 @@ def start(
         env[STUDY_PORT_ENV] = str(study_port)
     try:
         uri = _start_mlflow(folder, port, db_url, state, timeout, env, allowed_hosts, owner)
+        if auth:  # the server answers: its user store holds the admin
+            write_auth_config(folder, owner, None)
         if STUDY_PORT_ENV in env:
             start_studies(
                 folder, state, study_url(state["pg_port"]), study_port, env[LOGINS_ENV], owner
@@ -167,9 +169,9 @@ def _free_port(host: str = "127.0.0.1") -> int:
 
 
 def _auth_env(folder: Path, owner: tuple[int, int] | None) -> dict[str, str]:
-    """The basic-auth app's settings (``folder``/basic_auth.ini, the server's to read) and
-    secrets, passed to the server in its environment: the admin's password from
-    ``folder``/credentials (made on the first start) only while the user store is new."""
+    """The basic-auth app's settings (``folder``/basic_auth.ini, the server's to read, which
+    holds the admin's password from ``folder``/credentials only while the user store is new)
+    and what the server's environment names."""
     try:
         import flask_wtf  # noqa: F401  (MLflow's auth extra)
     except ImportError:
@@ -195,24 +197,32 @@ def _auth_env(folder: Path, owner: tuple[int, int] | None) -> dict[str, str]:
         write_credentials(creds, ADMIN, new_password(ADMIN))
     if not (folder / SECRET).is_file():
         write_private(folder / SECRET, secrets.token_hex(32))
-    # a member sees only the experiments granted to it (ablate.server.members)
-    write_private(
-        folder / AUTH_CONFIG,
-        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
-        f"database_uri = sqlite:///{user_db}\nadmin_username = {ADMIN}\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-        f"auth_cache_ttl_seconds = {AUTH_CACHE_S}\n",
-        owner,
-    )
     user, password = read_credentials(creds)
-    env = {
+    # the admin's password only while the user store is new, and in the config file (rewritten
+    # without it once the server answers, in ``start``), never in the environment
+    # of the long-lived server process, where its user could read it all its life
+    write_auth_config(folder, owner, None if user_db.exists() else password)
+    return {
         "MLFLOW_AUTH_CONFIG_PATH": str(folder / AUTH_CONFIG),
         "MLFLOW_AUTH_ADMIN_USERNAME": user,
         "MLFLOW_FLASK_SERVER_SECRET_KEY": (folder / SECRET).read_text().strip(),
     }
-    if not user_db.exists():  # used once, when the user store is created
-        env["MLFLOW_AUTH_ADMIN_PASSWORD"] = password
-    return env
+
+
+def write_auth_config(folder: Path, owner: tuple[int, int] | None, password: str | None) -> None:
+    """``folder``/basic_auth.ini, the basic-auth app's settings: a member sees only the
+    experiments granted to it (``ablate.server.members``); with ``password``, the admin's, which
+    MLflow reads when it creates the user store."""
+    user_db = folder / HOME / AUTH_DB
+    admin = f"admin_password = {password}\n" if password else ""
+    write_private(
+        folder / AUTH_CONFIG,
+        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{user_db}\nadmin_username = {ADMIN}\n{admin}"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        f"auth_cache_ttl_seconds = {AUTH_CACHE_S}\n",
+        owner,
+    )
 
 
 def allowed_host_patterns(host: str, extra: tuple[str, ...] = ()) -> list[str]:

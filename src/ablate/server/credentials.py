@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.fileio import write_atomic
-from ablate.server.app import password_problem
+from ablate.server.passwords import password_problem
 from ablate.tracking.auth import ENV_PASSWORD, ENV_USER
 
 _SECTION = "mlflow"
@@ -18,7 +18,7 @@ _SECTION = "mlflow"
 
 def new_password(username: str = "") -> str:
     """A random password (24 URL-safe characters) that the team server takes for ``username``
-    (``ablate.server.app.password_problem``: a random one contains the name rarely)."""
+    (``ablate.server.passwords.password_problem``: a random one contains the name rarely)."""
     while password_problem(password := secrets.token_urlsafe(18), username):
         pass
     return password
