@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import io
 import os
+import stat
 import zlib
 from pathlib import Path
 
@@ -20,6 +21,18 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def read_regular(path: str | Path) -> bytes:
+    """The bytes of the plain file ``path``, never read through a symbolic link at its name
+    (``OSError``, ELOOP) nor from a FIFO, a device or a socket (``OSError``, without waiting for
+    a writer): what a folder from elsewhere (an archive) holds, not what it points to."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(f"{path} is not a plain file")
+        return fh.read()
 
 
 def write_atomic(
@@ -54,7 +67,11 @@ def write_gzip(path: str | Path, data: bytes) -> None:
 def read_gzip(path: str | Path) -> bytes:
     """The bytes a gzip file holds; ``ValueError`` saying what is wrong where it is no whole gzip
     stream (not gzip, cut short, or its checksum wrong)."""
-    raw = Path(path).read_bytes()
+    return gunzip(Path(path).read_bytes())
+
+
+def gunzip(raw: bytes) -> bytes:
+    """The bytes the gzip stream ``raw`` holds; ``ValueError`` as ``read_gzip``'s."""
     try:
         if not raw:  # gzip.decompress reads no member at all as empty data
             raise EOFError("the file is empty")

@@ -20,8 +20,10 @@ tenth of the bytes), the rest plain text, so that a change to a run reads as a d
 kept every file plain (``metrics.tsv``, ``predictions/dev.json``); ``read`` reads both, by the
 version in archive.json, and an import of either gives the same store. The same store gives the
 same bytes: keys sorted, runs and points in a fixed order, no date of export, gzip without a
-time or a name (``ablate.fileio.write_gzip``). ``read`` checks every file against
-``SHA256SUMS``, decompresses and parses it before anything is imported.
+time or a name (``ablate.fileio.write_gzip``). ``read`` checks the archive whole before
+anything is imported (``ablate.archive.checked``: no symbolic link, no path that leaves it,
+every file against ``SHA256SUMS``), then decompresses and parses it; an import reads those
+checked files only.
 """
 
 from __future__ import annotations
@@ -31,14 +33,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ablate.archive.checked import (
+    INDEX,
+    RUN_ID,
+    Files,
+    check,
+    damaged,
+    not_an_archive,
+    refused,
+)
+from ablate.archive.checked import MANIFEST as MANIFEST  # what export writes, the docs name
 from ablate.errors import AblateError
-from ablate.fileio import read_gzip, sha256_file
+from ablate.fileio import gunzip
 
 FORMAT = "ablate-archive"
 VERSION = 2  # the version an export writes
 READS = (1, 2)  # the versions ``read`` reads
-INDEX = "archive.json"
-MANIFEST = "SHA256SUMS"
 RUNS = "runs"
 # The artifacts an archive keeps: the report's paired bootstrap reads a run's dev predictions;
 # config.yaml says what ran (the whole resolved config). Models, checkpoints and the rest stay out.
@@ -90,11 +100,21 @@ class ArchivedRun:
     metrics: list[tuple[str, int, int, float]]  # key, step, timestamp, value
     artifacts: list[str] = field(default_factory=list)  # MLflow paths, as logged (not .gz)
     version: int = VERSION  # the archive's: how its files are stored
+    files: Files | None = None  # the archive's files as checked: what ``artifact`` reads
 
     def stored(self, path: str) -> Path:
-        """The file that holds the artifact ``path`` (one of ``artifacts``): ``read_gzip`` reads
-        it where its name ends in .gz."""
+        """The file that holds the artifact ``path`` (one of ``artifacts``): gzip-compressed
+        where its name ends in .gz."""
         return self.folder / "artifacts" / stored_name(path, self.version)
+
+    def artifact(self, path: str) -> bytes:
+        """The bytes of the artifact ``path`` as MLflow logged it, read from the checked files
+        (``Files.read``: its sha256 checked again) and decompressed where stored so."""
+        if self.files is None:
+            raise ValueError(f"{self.describe()}: not read from an archive (ablate.archive.read)")
+        name = self.stored(path).relative_to(self.files.folder).as_posix()
+        raw = self.files.read(name)
+        return gunzip(raw) if name.endswith(GZ) else raw
 
     @property
     def run_id(self) -> str:
@@ -125,118 +145,115 @@ class Archive:
         return out
 
 
-def _not_an_archive(folder: Path, why: str) -> AblateError:
-    return AblateError(
-        f"{folder} is not an ablate archive ({why}); pass the folder that "
-        "`python -m ablate.archive export` wrote"
-    )
-
-
-def _damaged(path: Path, why: str) -> AblateError:
-    return AblateError(
-        f"{path}: {why}: the archive was truncated or edited after export; export it again from "
-        "its store, or restore the file (e.g. git checkout of the archive folder)"
-    )
-
-
-def _manifest(folder: Path) -> dict[str, str]:
-    """``SHA256SUMS`` as {relative path: sha256}, every file of ``folder`` checked against it."""
-    listed: dict[str, str] = {}
-    path = folder / MANIFEST
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        digest, sep, name = line.partition("  ")
-        if not sep or len(digest) != 64 or not name:
-            raise _damaged(path, f"line {n} is not '<sha256>  <file>'")
-        listed[name] = digest
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {
-        MANIFEST
-    }
-    for name in sorted(present - listed.keys()):
-        raise _damaged(folder / name, f"not listed in {MANIFEST}")
-    for name, digest in sorted(listed.items()):
-        file = folder / name
-        if not file.is_file():
-            raise _damaged(file, f"listed in {MANIFEST} but missing")
-        if sha256_file(file) != digest:
-            raise _damaged(file, f"its sha256 differs from the one in {MANIFEST}")
-    return listed
-
-
-def _json(path: Path) -> Any:
+def _json(files: Files, name: str) -> Any:
+    path = files.folder / name
+    if name not in files:
+        raise damaged(path, f"{INDEX} lists its run but the file is missing")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _damaged(path, f"not readable as JSON ({exc})") from exc
-
-
-def _gunzip(path: Path) -> bytes:
-    try:
-        return read_gzip(path)
+        return json.loads(files.read(name).decode("utf-8"))
     except ValueError as exc:
-        raise _damaged(path, str(exc)) from exc
+        raise damaged(path, f"not readable as JSON ({exc})") from exc
 
 
-def _stored(folder: Path, name: str, version: int) -> Path:
+def _typed(files: Files, name: str, kind: type) -> Any:
+    """The JSON file ``name``: an object (``dict``) or an array (``list``), as ``kind`` says."""
+    value = _json(files, name)
+    if not isinstance(value, kind):
+        what = "an object" if kind is dict else "an array"
+        raise damaged(files.folder / name, f"its JSON is not {what}")
+    return value
+
+
+def _gunzip(files: Files, name: str) -> bytes:
+    try:
+        return gunzip(files.read(name))
+    except ValueError as exc:
+        raise damaged(files.folder / name, str(exc)) from exc
+
+
+def _stored(files: Files, folder: str, name: str, version: int) -> str:
     """The file of ``folder`` (a run's, or its artifacts/) that holds ``name`` in an archive of
-    ``version``; ``_damaged`` where it is missing or stored the other version's way."""
-    want = folder / stored_name(name, version)
-    other = folder / (name if want.name.endswith(GZ) else name + GZ)
-    if name in COMPRESSED and other.is_file():
-        how = f"gzip-compressed, as {want.name}" if version >= 2 else f"plain, as {want.name}"
-        raise _damaged(other, f"an archive of version {version} keeps this file {how}")
-    if not want.is_file():
-        raise _damaged(want, f"{INDEX} lists its run but the file is missing")
+    ``version``; ``damaged`` where it is missing or stored the other version's way."""
+    want = f"{folder}/{stored_name(name, version)}"
+    other = f"{folder}/{name}" if want.endswith(GZ) else f"{folder}/{name}{GZ}"
+    if name in COMPRESSED and other in files:
+        how = f"{'gzip-compressed' if version >= 2 else 'plain'}, as {Path(want).name}"
+        raise damaged(
+            files.folder / other, f"an archive of version {version} keeps this file {how}"
+        )
+    if want not in files:
+        raise damaged(files.folder / want, f"{INDEX} lists its run but the file is missing")
     return want
 
 
-def _artifacts(run_dir: Path, version: int) -> list[str]:
-    """The MLflow paths of the artifacts ``run_dir`` holds, each compressed one decompressed
-    once (a broken gzip stream: ``_damaged``, before anything is imported)."""
-    art = run_dir / "artifacts"
+def _artifacts(files: Files, run: str, version: int) -> list[str]:
+    """The MLflow paths of the artifacts the run folder ``run`` holds, by the checked files'
+    names (``Files.under``), each compressed one decompressed once (a broken gzip stream:
+    ``damaged``, before anything is imported)."""
+    art = f"{run}/artifacts"
     out = []
-    for name in sorted(p.relative_to(art).as_posix() for p in art.rglob("*") if p.is_file()):
+    for name in files.under(art):
         path = name.removesuffix(GZ)
         if path not in COMPRESSED:  # stored as it is in every version (config.yaml)
             out.append(name)
             continue
-        if _stored(art, path, version).name.endswith(GZ):
-            _gunzip(art / name)
+        if (stored := _stored(files, art, path, version)).endswith(GZ):
+            _gunzip(files, stored)
         out.append(path)
     return out
 
 
-def _metrics(path: Path) -> list[tuple[str, int, int, float]]:
-    raw = _gunzip(path) if path.name.endswith(GZ) else path.read_bytes()
+def _metrics(files: Files, name: str) -> list[tuple[str, int, int, float]]:
+    path = files.folder / name
+    raw = _gunzip(files, name) if name.endswith(GZ) else files.read(name)
     try:
         lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        raise _damaged(path, f"not UTF-8 text ({exc})") from exc
+        raise damaged(path, f"not UTF-8 text ({exc})") from exc
     if not lines or lines[0] != METRICS_HEADER:
-        raise _damaged(path, f"its first line is not {METRICS_HEADER!r}")
+        raise damaged(path, f"its first line is not {METRICS_HEADER!r}")
     points = []
     for n, line in enumerate(lines[1:], 2):
         try:
             key, step, ts, value = line.split("\t")
             points.append((key, int(step), int(ts), float(value)))
         except ValueError as exc:
-            raise _damaged(path, f"line {n} is not key, step, timestamp, value") from exc
+            raise damaged(path, f"line {n} is not key, step, timestamp, value") from exc
     return points
 
 
+def _entries(folder: Path, index: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs ``index`` lists, each with a role and a run id that names one folder inside the
+    archive (``RUN_ID``), none twice."""
+    path, entries = folder / INDEX, index.get("runs", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise damaged(path, "its runs are not a list of objects")
+    seen = set()
+    for n, entry in enumerate(entries, 1):
+        run_id = entry.get("run_id")
+        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+            raise refused(
+                path, f"its run {n} has the run id {run_id!r}, not an MLflow run id (a letter or "
+                "digit, then letters, digits, '_' or '-'): no folder runs/<run id> of the archive"
+            )  # fmt: skip
+        if run_id in seen:
+            raise damaged(path, f"it lists run {run_id} twice")
+        if not isinstance(entry.get("role"), str):
+            raise damaged(path, f"its run {run_id} has no role")
+        seen.add(run_id)
+    return entries
+
+
 def read(folder: str | Path) -> Archive:
-    """The archive in ``folder`` (version 1 or 2), every file checked against ``SHA256SUMS``,
-    decompressed where its version compresses it, and parsed; an ``AblateError`` naming the file
-    and the fix otherwise. Nothing is imported here."""
+    """The archive in ``folder`` (version 1 or 2), checked whole (``checked.check``: no link, no
+    path outside it, every file against ``SHA256SUMS``), then each file decompressed where its
+    version compresses it and parsed; an ``AblateError`` naming the file and the fix otherwise.
+    Nothing is imported here; what an import reads is only these checked files."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise _not_an_archive(folder, "no such folder")
-    for name in (INDEX, MANIFEST):
-        if not (folder / name).is_file():
-            raise _not_an_archive(folder, f"it has no {name}")
-    _manifest(folder)
-    index = _json(folder / INDEX)
+    files = check(folder)
+    index = _json(files, INDEX)
     if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise _not_an_archive(folder, f"{INDEX} does not say format {FORMAT!r}")
+        raise not_an_archive(folder, f"{INDEX} does not say format {FORMAT!r}")
     version = index.get("version")
     if version not in READS or isinstance(version, bool):
         raise AblateError(
@@ -244,20 +261,27 @@ def read(folder: str | Path) -> Archive:
             f"{', '.join(map(str, READS))}: import it with the ablate version that exported it"
         )
     runs = []
-    for entry in index.get("runs", []):
-        run_dir = folder / RUNS / entry["run_id"]
-        if not run_dir.is_dir():
-            raise _damaged(run_dir, f"{INDEX} lists it but it is missing")
+    for entry in _entries(folder, index):
+        name = f"{RUNS}/{entry['run_id']}"
+        if not files.under(name):
+            raise damaged(folder / name, f"{INDEX} lists it but it is missing")
+        info = _typed(files, f"{name}/info.json", dict)
+        if info.get("run_id") != entry["run_id"]:
+            raise damaged(
+                folder / name / "info.json", f"its run_id is not {entry['run_id']}, the id "
+                f"{INDEX} lists for its folder"
+            )  # fmt: skip
         runs.append(
             ArchivedRun(
-                run_dir,
-                _json(run_dir / "info.json"),
-                _json(run_dir / "params.json"),
-                _json(run_dir / "tags.json"),
-                _json(run_dir / "inputs.json"),
-                _metrics(_stored(run_dir, METRICS, version)),
-                _artifacts(run_dir, version),
+                folder / name,
+                info,
+                _typed(files, f"{name}/params.json", dict),
+                _typed(files, f"{name}/tags.json", dict),
+                _typed(files, f"{name}/inputs.json", list),
+                _metrics(files, _stored(files, name, METRICS, version)),
+                _artifacts(files, name, version),
                 version,
+                files,
             )
         )
     return Archive(folder, index, runs)

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ablate.archive import (
-    GZ,
     IDENTITY_TAG,
     MOVED_TAG,
     ORIGIN_TAG,
@@ -33,7 +32,6 @@ from ablate.archive import (
 )
 from ablate.config import TUNED_TAG
 from ablate.errors import AblateError
-from ablate.fileio import read_gzip
 from ablate.report.load import MlflowClient, MlflowException
 from ablate.tracking.journal import chunks
 from ablate.tracking.store import all_runs
@@ -214,14 +212,13 @@ def _create(client: MlflowClient, experiment_id: str, run: ArchivedRun) -> str:
 
 
 def _plain(run: ArchivedRun, path: str, tmp: Path) -> Path:
-    """The artifact ``path`` of ``run`` as MLflow logged it: its archived file, or where that is
-    gzip-compressed (version 2), its bytes decompressed into ``tmp/<path>``, under its own name."""
-    stored = run.stored(path)
-    if not stored.name.endswith(GZ):
-        return stored
+    """The artifact ``path`` of ``run`` as MLflow logged it, written into ``tmp/<path>`` under its
+    own name: the bytes of its checked file (``ArchivedRun.artifact``, its sha256 checked again),
+    decompressed where stored gzip-compressed (version 2), so that MLflow reads nothing of the
+    archive's folder itself."""
     plain = tmp / path
     plain.parent.mkdir(parents=True, exist_ok=True)
-    plain.write_bytes(read_gzip(stored))
+    plain.write_bytes(run.artifact(path))
     return plain
 
 
