@@ -316,3 +316,109 @@ def test_the_best_finding_names_the_cheapest_strategy_within_half_a_point(tmp_pa
     table.loc[table.delta_method != "baseline", "delta_dev_pt"] = -0.6  # none within half a point
     table.to_csv(study / "summary.csv", index=False)
     assert docs.results.results_best(str(study)) == ""
+
+
+# What a hostile run or archive holds as a strategy's name or its report command: each closes a
+# naive `...` span (the second inside it) and injects a link and an image after it
+EVIL = "`](http://evil)<img src=x onerror=alert(1)>`"
+EVIL_INSIDE = "x` [click](http://evil) <img src=x onerror=alert(1)>"
+
+
+def _markup(markdown: str) -> str:
+    """What markdown reads as markup in ``markdown``: the text outside its code spans
+    (CommonMark's: a run of backticks up to the next run of the same length, else the run is
+    text), less the characters a backslash escapes."""
+    out, i = [], 0
+    while i < len(markdown):
+        if markdown[i] == "\\":
+            i += 2
+        elif markdown[i] == "`":
+            n = len(markdown[i:]) - len(markdown[i:].lstrip("`"))
+            close = re.compile(rf"(?<!`)`{{{n}}}(?!`)").search(markdown, i + n)
+            out.append("" if close else "`" * n)
+            i = close.end() if close else i + n
+        else:
+            out.append(markdown[i])
+            i += 1
+    return "".join(out)
+
+
+def _rendered(markdown: str) -> str | None:
+    """``markdown`` as a CommonMark renderer (with tables) writes it in HTML, where one is
+    installed (markdown-it-py, which rich brings)."""
+    try:
+        from markdown_it import MarkdownIt
+    except ImportError:
+        return None
+    return MarkdownIt("commonmark").enable("table").render(markdown)
+
+
+@pytest.mark.parametrize("value", [EVIL, EVIL_INSIDE, "none", "a``b", "`", " x ", "a|b\nc"])
+def test_a_code_span_shows_its_value_as_written_and_nothing_else(value):
+    from ablate.tables import code
+
+    span = code(value)
+    assert _markup(span) == ""  # all of it one code span: no markup outside
+    assert code("lora_r8") == "`lora_r8`"  # a plain value: as the docs always wrote it
+    if (html := _rendered(span)) is not None:
+        shown = " ".join(value.splitlines())
+        for char, entity in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;")):
+            shown = shown.replace(char, entity)
+        assert html == f"<p><code>{shown}</code></p>\n"
+
+
+def test_an_archives_values_are_never_live_markdown_in_the_generated_blocks(tmp_path):
+    """A study whose archive names EVIL as its report command, and whose runs' ``freeze.name``
+    (the report's strategy) and commit hold EVIL and EVIL_INSIDE: every block the docs generate
+    from it shows them, and none of them is a link, an image or HTML."""
+    import csv
+    import json
+    import shutil
+
+    from ablate.archive import INDEX, MANIFEST, dumps
+    from ablate.archive.export import write_manifest
+
+    source = project_root() / "docs" / "results" / "naija"
+    study = tmp_path / "naija"
+    held = study / docs.studies.ARCHIVE  # a redo, complete: its archive, its published report
+    shutil.copytree(source / docs.studies.ARCHIVE, held)
+    hostile = {"none": EVIL}  # the baseline EVIL, every other strategy EVIL_INSIDE and its name
+    index = json.loads((held / INDEX).read_text(encoding="utf-8"))
+    index["report"].append(EVIL)
+    (held / INDEX).write_text(dumps(index), encoding="utf-8")
+    for params in held.glob("runs/*/params.json"):
+        values = json.loads(params.read_text(encoding="utf-8"))
+        if "freeze.name" in values:
+            name = values["freeze.name"]
+            values["freeze.name"] = hostile.get(name, f"{EVIL_INSIDE} {name}")
+            params.write_text(dumps(values), encoding="utf-8")
+    (held / MANIFEST).unlink()
+    write_manifest(held)
+    for name, column in (("summary.csv", "strategy"), ("runs.csv", "freeze")):
+        with (source / name).open(encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        for row in rows:
+            row[column] = hostile.get(row[column], f"{EVIL_INSIDE} {row[column]}")
+            if "git_commit" in row:
+                row["git_commit"] = EVIL
+        for folder in (study, study / docs.studies.PUBLISHED):
+            folder.mkdir(exist_ok=True)
+            with (folder / name).open("w", encoding="utf-8", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+    blocks = {
+        "source": docs.results.results_source(str(study)),
+        "findings": docs.results.results_findings(str(study)),
+        "best": docs.results.results_best(str(study)),
+        "provenance": docs.results.results_provenance(str(study)),
+        "table": docs.results.results_table(str(study), rerun=True),
+    }
+    for name, text in blocks.items():
+        assert "evil" in text, name  # the hostile values are there, shown
+        markup = _markup(text)
+        assert "<" not in markup, (name, text)  # no HTML, no autolink
+        assert not re.search(r"\]\s*\(\s*http", markup), (name, text)  # no link
+        if (html := _rendered(text)) is not None:
+            assert "<img" not in html and 'href="http://evil' not in html, (name, html)
+    assert "Rerun from today's code: 15 of its 15 published runs" in blocks["source"]

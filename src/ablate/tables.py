@@ -24,6 +24,20 @@ def inline(value: object) -> str:
     return _LINK.sub(r"\\]", text)
 
 
+def code(value: object) -> str:
+    """``value`` as an inline code span that shows it as written, on one line: inside a span
+    nothing is a link, an image or HTML, and no backtick of ``value`` can close it (its fence is
+    one backtick longer than the longest run of them in ``value``; a value that starts or ends
+    with one is padded with a space each side, which markdown takes off again). A plain value is
+    ``f"`{value}`"``. For every run's or archive's value the docs write as code; in a table cell,
+    ``inline`` escapes it further (a ``|``)."""
+    text = " ".join(str(value).splitlines())
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    spaced = text[:1] == " " and text[-1:] == " " and text.strip(" ")
+    pad = " " if not text or text[0] == "`" or text[-1] == "`" or spaced else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _pipes(value: object) -> str:
     return str(value).replace("|", "\\|")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ablate.docs.studies import ARCHIVE, PARTIAL, NoResults, current_runs, study_dir
-from ablate.tables import markdown_table
+from ablate.tables import code, markdown_table
 
 PRUNING = "pruning"  # docs/results/<study>/pruning/<pruner>/: its lr studies' trials, archived
 
@@ -64,7 +64,7 @@ def lr_studies(study: str) -> str:
         span = [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else None
         lr = float(best.params["trainer.lr"]) if best else None
         rows.append([  # trials: those that ended (a try a kill cut short ran again)
-            f"`{option}`", str(len(done) + len(cut)), str(len(cut)),
+            code(option), str(len(done) + len(cut)), str(len(cut)),
             f"[{span[0]:g}, {span[1]:g}]" if span else "not recorded",
             f"{lr:.3g}" if lr else "-", f"{value[best.run_id]:.4f}" if best else "-",
             f"{position(lr, span):.2f}" if lr and span else "-",

@@ -18,7 +18,7 @@ from ablate.docs.studies import (
     study_dir,
 )  # fmt: skip
 from ablate.report.render import millions
-from ablate.tables import markdown_table
+from ablate.tables import code, inline, markdown_table
 
 
 def redone(study: str) -> tuple[Path, Path] | None:
@@ -99,13 +99,13 @@ def reruns_said(study: str) -> str:
             f"are the redo's."
         )
     if same:
-        runs = ", ".join(sorted(f"{r['freeze']} s{r['seed']}" for r in same))
+        runs = ", ".join(sorted(inline(f"{r['freeze']} s{r['seed']}") for r in same))
         total = len(csv_rows(str(redo[1]), "runs.csv"))
         said += f" Rerun from today's code{so_far}: {len(same)} of its {total} published runs "
         said += f"({runs}), archived in {where}; "
         differ = "; ".join(
-            f"{r['freeze']} s{r['seed']}: dev {r['dev']} (published {r['published_dev']}), "
-            f"test {r['test']} (published {r['published_test']})"
+            f"{inline(r['freeze'])} s{inline(r['seed'])}: dev {r['dev']} (published "
+            f"{r['published_dev']}), test {r['test']} (published {r['published_test']})"
             for r in same
             if not r["same"]
         )
@@ -160,7 +160,7 @@ def _redone_table(found: list[dict], same: set[str]) -> str:
                 _mean_pct(rows, "published_test"),
             ]  # fmt: skip
         )
-        lines.append([f"`{freeze}`", f"{rows[0]['lr']:.3g}", published[0],
+        lines.append([code(freeze), f"{rows[0]['lr']:.3g}", published[0],
                       ", ".join(sorted(r["seed"] for r in rows)), _mean_pct(rows, "dev"),
                       published[1], published[2], _mean_pct(rows, "test"), published[3],
                       millions(rows[0]["trainable_params"] / 1e6)

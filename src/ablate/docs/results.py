@@ -18,7 +18,7 @@ from ablate.docs.studies import (
 )  # fmt: skip
 from ablate.report.render import millions, share
 from ablate.report.summary import LR_FROM_STUDY
-from ablate.tables import markdown_table
+from ablate.tables import code, inline, markdown_table
 
 
 def _pct(row: dict, key: str) -> str:
@@ -32,9 +32,9 @@ def _rerun(row: dict, experiment: str) -> str:
     lr first runs that study."""
     s = row["strategy"]
     given = f"experiment={experiment}" + (f" data={row['data']}" if experiment == "paper" else "")
-    train = f"`python -m ablate.train --multirun {given} freeze={s}`"
+    train = code(f"python -m ablate.train --multirun {given} freeze={s}")
     if row["lr_from"] == LR_FROM_STUDY:
-        return f"`python -m ablate.lrstudy {given} freeze={s}`, then {train}"
+        return f"{code(f'python -m ablate.lrstudy {given} freeze={s}')}, then {train}"
     return train
 
 
@@ -48,7 +48,7 @@ def results_table(study: str = RESULTS, rerun: bool = False) -> str:
     for row in csv_rows(study):
         lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == LR_FROM_STUDY else "")
         rows.append(
-            [f"`{row['strategy']}`", lr, _pct(row, "dev"), _pct(row, "test")]
+            [code(row["strategy"]), lr, _pct(row, "dev"), _pct(row, "test")]
             + [millions(float(row["trainable_params_m"])), f"{float(row['train_time_s']):.0f}"]
             + [row["n"], *([_rerun(row, experiment)] if rerun else [])]
         )
@@ -60,11 +60,12 @@ def results_provenance(study: str = RESULTS) -> str:
     """Which runs the published study's report used: how many, when, from which commit
     (its ``runs.csv``)."""
     runs = csv_rows(study, "runs.csv")
-    commits = sorted({r["git_commit"][:7] for r in runs if r["git_commit"]})
-    starts = sorted(r["start_time"][:16] for r in runs)
+    commits = sorted({inline(r["git_commit"][:7]) for r in runs if r["git_commit"]})
+    starts = sorted(inline(r["start_time"][:16]) for r in runs)
     seeds = sorted({int(r["seed"]) for r in runs})
+    freezes = sorted({inline(r["freeze"]) for r in runs})
     return (
-        f"{len(runs)} runs ({', '.join(sorted({r['freeze'] for r in runs}))}; seeds "
+        f"{len(runs)} runs ({', '.join(freezes)}; seeds "
         f"{', '.join(map(str, seeds))}), started {starts[0]} to {starts[-1]} "
         f"UTC, from commit {', '.join(commits) or 'unknown'}; each run by id in "
         f"[runs.csv]({study_dir(study).name}/runs.csv)."
@@ -113,8 +114,8 @@ def results_findings(study: str = RESULTS) -> str:
     if base is None:
         return "No full fine-tuning (`none`) run: nothing to compare against."
     lines = [
-        f"- Full fine-tuning (`{base['strategy']}`) reaches {_pct(base, 'dev')} % dev and "
-        f"{_pct(base, 'test')} % test accuracy over seeds {base['seeds']}, training for "
+        f"- Full fine-tuning ({code(base['strategy'])}) reaches {_pct(base, 'dev')} % dev and "
+        f"{_pct(base, 'test')} % test accuracy over seeds {inline(base['seeds'])}, training for "
         f"{float(base['train_time_s']):.0f} s."
     ]
     for r in rows:
@@ -128,7 +129,7 @@ def results_findings(study: str = RESULTS) -> str:
         params, saved = share(float(r["param_savings_pct"]), 0), float(r["time_savings_pct"])
         time = f"{share(abs(saved), 0)} % {'less' if saved >= 0 else 'more'} training time"
         lines.append(
-            f"- `{r['strategy']}`{_at_lr(r)} trains {params} % fewer parameters in {time}"
+            f"- {code(r['strategy'])}{_at_lr(r)} trains {params} % fewer parameters in {time}"
             f"{_timed(r)}, and scores {delta:+.2f} points of dev accuracy{ci}."
         )
     if best := results_best(study):
@@ -152,7 +153,7 @@ def results_best(study: str = RESULTS) -> str:
         return ""
     r = max(close, key=lambda row: float(row["time_savings_pct"]))
     said = (
-        f"Within half a point of full fine-tuning, `{r['strategy']}`{_at_lr(r)} saves the most "
+        f"Within half a point of full fine-tuning, {code(r['strategy'])}{_at_lr(r)} saves the most "
         f"training time ({float(r['time_savings_pct']):.0f} %{_timed(r)}), training "
         f"{share(float(r['param_savings_pct']), 0)} % fewer parameters and scoring "
         f"{float(r['delta_dev_pt']):+.2f} points of dev accuracy{_reaches(r)}."
@@ -160,7 +161,7 @@ def results_best(study: str = RESULTS) -> str:
     if _reaches(r) and (inside := [row for row in close if not _reaches(row)]):
         s = max(inside, key=lambda row: float(row["time_savings_pct"]))
         said += (
-            f" Of those whose whole interval lies within half a point, `{s['strategy']}`"
+            f" Of those whose whole interval lies within half a point, {code(s['strategy'])}"
             f"{_at_lr(s)} saves the most ({float(s['time_savings_pct']):.0f} %{_timed(s)}), "
             f"scoring {float(s['delta_dev_pt']):+.2f} points."
         )
@@ -199,6 +200,7 @@ def results_source(study: str = RESULTS) -> str:
             + reruns_said(study)
         )
     held = json.loads(index.read_text(encoding="utf-8"))
+    report = code(" ".join(map(str, held["report"])))  # the archive's own words: shown as code
     roles: dict[str, int] = {}
     for run in held["runs"]:
         roles[run["role"]] = roles.get(run["role"], 0) + 1
@@ -210,7 +212,7 @@ def results_source(study: str = RESULTS) -> str:
     return (
         f"Generated from the archive beside this page, [{name}/{ARCHIVE}/]({name}/{ARCHIVE}/) "
         f"({counts}; every file's sha256 in its {MANIFEST}): `python -m ablate.docs` imports it "
-        f"into a temporary store and reruns `{' '.join(held['report'])}` into `{name}/`. "
+        f"into a temporary store and reruns {report} into `{name}/`. "
         f"`python -m ablate.archive import docs/results/{name}/{ARCHIVE}` loads it into a store "
         "of your own." + (reruns_said(study) if redone(study) else f" {_left(study)}")
     ).rstrip()
