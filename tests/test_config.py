@@ -78,6 +78,19 @@ def test_tracking_uri_defaults_to_absolute_sqlite_at_project_root(monkeypatch):
     assert make(["tracking.uri=http://127.0.0.1:5005"]).tracking.uri == "http://127.0.0.1:5005"
 
 
+def test_the_stores_a_checkout_writes_by_default_are_git_ignored(monkeypatch):
+    from ablate.lrstudy.storage import storage_url
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = make()
+    stores = [cfg.tracking.uri, storage_url(cfg)]  # the runs', and the lr studies' beside it
+    paths = [Path(s.removeprefix("sqlite:///")) for s in stores]
+    assert [p.parent for p in paths] == [ROOT, ROOT] and paths[1].name == "lr_study.db"
+    files = [str(p.relative_to(ROOT)) for p in paths] + [f"{p.name}.lock" for p in paths]
+    proc = subprocess.run(["git", "check-ignore", *files], cwd=ROOT, capture_output=True, text=True)
+    assert proc.stdout.split() == files, proc.stderr
+
+
 def test_data_root_is_the_command_line_then_env_then_this_machine_then_the_user_cache(
     monkeypatch, tmp_path
 ):
