@@ -1,6 +1,6 @@
 """Keys a chosen option does not read (``ablate.pinned``), a data folder that is not there
-(``ablate.cli.check_data``), and one naming of an override's value: refused or settled before
-Hydra composes a job, through real Hydra composition and the real CLI."""
+(``ablate.cli.check_composed``), and one naming of an override's value: refused or settled
+before Hydra composes a job, through real Hydra composition and the real CLI."""
 
 from __future__ import annotations
 

@@ -74,6 +74,40 @@ def test_a_value_its_key_cannot_hold_is_one_line_and_opens_nothing(tmp_path):
     overrides.check(["trainer.lr=${oc.env:LR,1e-4}", "trainer.bf16=null", "seed=range(1,4)"])
 
 
+def test_a_value_its_key_does_not_allow_is_one_line_before_any_job(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    where = [f"tracking.uri={store}", *(f"hydra.{k}.dir={tmp_path}/{k}" for k in ("run", "sweep"))]
+    for given, said in [
+        (["trainer.lr=-1"], "trainer.lr=-1: trainer.lr must be a positive number, not -1; "
+                            "e.g. trainer.lr=5e-05, the default"),
+        (["trainer.lr=0"], "trainer.lr=0: trainer.lr must be a positive number, not 0;"),
+        (["trainer.epochs=0"], "trainer.epochs=0: trainer.epochs must be a positive integer, "
+                               "not 0; e.g. trainer.epochs=5, the default"),
+        (["--multirun", "trainer.lr=1e-4,0"], "trainer.lr=1e-4,0: trainer.lr must be a positive"),
+    ]:  # fmt: skip
+        assert said in refused(run_cli(*given, *where))
+    # one an option's file sets: the composed config's, as fast
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "zero.yaml").write_text(
+        "# @package _global_\ntrainer:\n  epochs: 0\n"
+    )
+    line = refused(run_cli("--config-dir", str(tmp_path / "conf"), "experiment=zero", *where))
+    assert line == (
+        "ablate: error: trainer.epochs=0: must be a positive integer; e.g. trainer.epochs=5, "
+        "the default"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]  # no store, no job folder
+    probe = (  # answered before the training stack or MLflow loads
+        "import runpy, sys\n"
+        f"sys.argv = ['ablate.train', 'trainer.epochs=0', 'tracking.uri={store}']\n"
+        "try:\n    runpy.run_module('ablate.train', run_name='__main__')\n"
+        "except SystemExit as exc:\n    print(exc.code)\n"
+        "print(sorted({'torch', 'transformers', 'mlflow'} & set(sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert proc.stdout.splitlines() == ["2", "[]"], proc.stderr
+
+
 def test_the_installed_script_checks_too(tmp_path):
     script = Path(sys.executable).parent / "ablate-train"
     assert script.is_file(), "pip install -e . installs the ablate-train script"

@@ -11,7 +11,7 @@ from typing import Any
 
 from ablate import helptext
 from ablate.errors import AblateError
-from ablate.overrides import CONFIG_NAME, Repository, check
+from ablate.overrides import CONFIG_NAME, Repository, check, check_values
 
 
 def before_hydra(argv: Sequence[str]) -> None:
@@ -26,7 +26,7 @@ def before_hydra(argv: Sequence[str]) -> None:
     try:
         check(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
         if not (args.help or args.hydra_help or args.cfg or args.info):
-            check_data(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
+            check_composed(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
         if args.help and not (args.config_dir or args.config_name):
             try:
                 print(helptext.render(args.overrides), flush=True)
@@ -38,11 +38,13 @@ def before_hydra(argv: Sequence[str]) -> None:
         raise SystemExit(2) from None
 
 
-def check_data(overrides: Sequence[str], config_dir: str | None, config_name: str) -> None:
+def check_composed(overrides: Sequence[str], config_dir: str | None, config_name: str) -> None:
     """Refuse a ``data.root`` that is not a folder, or an unpinned dataset's missing folder
-    (``ablate.data.files.check_folders``), for every dataset the command line picks: in a second,
-    where a job would find it after its imports (~10 s) and once per job of a sweep. A sweep over
-    a ``data`` key leaves the check to each job; a config Hydra cannot compose, to Hydra."""
+    (``ablate.data.files.check_folders``), for every dataset the command line picks, and a value
+    that an option's file sets and its key does not allow (``ablate.overrides.check_values``): in
+    a second, where a job would find it after its imports (~10 s) and once per job of a sweep. A
+    sweep over a ``data`` key leaves the check to each job; a config Hydra cannot compose, to
+    Hydra."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from hydra.types import RunMode
@@ -61,6 +63,7 @@ def check_data(overrides: Sequence[str], config_dir: str | None, config_name: st
         for choice in [f"data={v}" for o in data for v in o.sweep_string_iterator()] or [""]:
             given = [*fixed, choice] if choice else fixed
             cfg = loader.load_configuration(config_name, given, run_mode=RunMode.RUN)
+            check_values(cfg)
             check_folders(cfg.data)
     except (HydraException, OmegaConfBaseException):
         return

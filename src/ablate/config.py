@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
@@ -98,6 +98,7 @@ def key(
     setting: bool = True,
     added: bool = False,
     option_input: bool = False,
+    allowed: tuple[Callable[[Any], bool], str] | None = None,
 ) -> Any:
     """A schema field with its doc and flags.
 
@@ -106,10 +107,12 @@ def key(
     seeds of one setting (a path, a thread count). ``added``: added after identities were first
     recorded; hashed only when set away from its default. ``option_input``: no code reads it, only
     the options whose files interpolate it (``${.treebank}``); with any other option, setting it
-    is an error (``ablate.pinned``).
+    is an error (``ablate.pinned``). ``allowed``: a test of a value its type holds, and the
+    allowed values in words (``ablate.overrides.disallowed``; null passes where the key takes it).
     """
     setting = setting and identity
     meta = dict(doc=doc, identity=identity, setting=setting, added=added, option_input=option_input)
+    meta.update(allowed=allowed)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -183,16 +186,23 @@ class FreezeCore:
     strategy: str = key("layers", "the strategy family (ablate.strategies)")
 
 
+# values a key's type holds that no run can use (``key``'s ``allowed``)
+_COUNT, _POSITIVE = (lambda v: v >= 1, "a positive integer"), (lambda v: v > 0, "a positive number")
+_SHARE = (lambda v: 0 <= v < 1, "in [0, 1)")
+
+
 @dataclass
 class TrainerCore:
     """Optimisation recipe (``conf/trainer``); defaults are the earlier study's."""
 
-    epochs: int = key(5, "training epochs; dev is evaluated after each")
-    lr: float = key(5e-5, "AdamW learning rate (linear decay)")
-    batch_size: int = key(16, "windows per training batch")
-    eval_batch_size: int = key(64, "at most this many windows per dev/test batch", setting=False)
+    epochs: int = key(5, "training epochs; dev is evaluated after each", allowed=_COUNT)
+    lr: float = key(5e-5, "AdamW learning rate (linear decay)", allowed=_POSITIVE)
+    batch_size: int = key(16, "windows per training batch", allowed=_COUNT)
+    eval_batch_size: int = key(
+        64, "at most this many windows per dev/test batch", setting=False, allowed=_COUNT
+    )
     weight_decay: float = key(0.01, "AdamW weight decay")
-    warmup_ratio: float = key(0.0, "share of steps with linear warm-up, in [0, 1)")
+    warmup_ratio: float = key(0.0, "share of steps with linear warm-up, in [0, 1)", allowed=_SHARE)
     threads: int | None = key(
         None,
         "torch CPU threads; null = the CPUs this process may use, divided among a parallel "
@@ -215,7 +225,9 @@ class TrainerCore:
         identity=False,
     )
     early_stopping_patience: int | None = key(
-        None, "stop after N epochs without a better primary dev metric; best epoch restored"
+        None,
+        "stop after N epochs without a better primary dev metric; best epoch restored",
+        allowed=(_COUNT[0], "a positive number of epochs (or null: off)"),
     )
 
 

@@ -28,7 +28,7 @@ from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import HydraException
-from omegaconf import OmegaConf, ValidationError
+from omegaconf import MISSING, OmegaConf, ValidationError
 
 from ablate import config, pinned
 from ablate.errors import AblateError
@@ -213,12 +213,41 @@ def _key_problem(o: Override, repo: Repository, keys: dict[str, dataclasses.Fiel
     )
 
 
+def disallowed(f: dataclasses.Field, value: Any) -> str | None:
+    """What a schema key allows, in words, where ``value`` (of the key's type) is not allowed
+    (``config.key``'s ``allowed``: ``trainer.lr`` a positive number); else None. Null passes: the
+    type says whether the key takes it."""
+    rule = f.metadata.get("allowed")
+    return rule[1] if rule and value is not None and not rule[0](value) else None
+
+
+def _default_example(key: str, f: dataclasses.Field) -> str:
+    default = config.key_default(f)
+    return "" if default is None or default == MISSING else f"; e.g. {key}={default}, the default"
+
+
+def check_values(cfg: Any) -> None:
+    """Raise an ``AblateError`` naming every key of a composed config whose value its key does
+    not allow (``disallowed``): one an option's file or ``conf/local`` sets, or an interpolation,
+    where the check of the command line (``check``) does not look."""
+    found = []
+    for key, f in schema_keys().items():
+        if f.metadata.get("allowed") is None:
+            continue
+        value = OmegaConf.select(cfg, key, default=None)
+        if words := disallowed(f, value):
+            found.append(f"{key}={value}: must be {words}{_default_example(key, f)}")
+    if found:
+        raise AblateError("; ".join(found))
+
+
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
 def _value_problem(o: Override, keys: dict[str, dataclasses.Field]) -> str | None:
-    """A value the key's type in the schema cannot hold (``trainer.lr=abc``, ``seed=null``),
-    each value of a sweep checked, as one line: Hydra's own says it in five."""
+    """A value the key's type in the schema cannot hold (``trainer.lr=abc``, ``seed=null``) or
+    the key does not allow (``trainer.lr=0``: ``disallowed``), each value of a sweep checked, as
+    one line: Hydra's own says it in five, or a job after its imports."""
     key = o.key_or_group
     f = keys.get(key)
     if f is None or _is_container(f) or o.is_delete() or o.value_type in (
@@ -231,14 +260,17 @@ def _value_problem(o: Override, keys: dict[str, dataclasses.Field]) -> str | Non
     for value in values:
         if isinstance(value, str) and "${" in value:
             continue  # an interpolation: resolved when the job composes
+        said = "null" if value is None else repr(value)
+        node = OmegaConf.structured(schema)
         try:
-            OmegaConf.structured(schema)[leaf] = value
+            node[leaf] = value
         except ValidationError:
             kind = getattr(f.type, "__name__", str(f.type))
             words = _TYPE_WORDS.get(kind.removesuffix(" | None"), kind)
             words += " or null" if kind.endswith("None") else ""
-            said = "null" if value is None else repr(value)
             return f"{o.input_line}: {key} takes {words}, not {said} ({HELP})"
+        if words := disallowed(f, node[leaf]):  # as the key's type holds it: 0 -> 0.0
+            return f"{o.input_line}: {key} must be {words}, not {said}{_default_example(key, f)}"
     return None
 
 

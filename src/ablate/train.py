@@ -30,11 +30,13 @@ def main(cfg: DictConfig) -> float:
     metric, ``best_dev_<primary>`` (the sweepers' objective)."""
     from ablate import tasks
     from ablate.errors import AblateError
+    from ablate.overrides import check_values
     from ablate.tracking import run as tracking
     from ablate.tracking import ui_links
 
     run = None  # the MLflow run, once it is open
     try:
+        check_values(cfg)  # one an option's file sets: before the store opens or data loads
         primary = tasks.get(cfg.data.task).primary_metric
         if cfg.freeze.name in cfg.lr_study.freeze:
             take_tuned_lr(cfg)  # before the twin check: the lr is part of the identity

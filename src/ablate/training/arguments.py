@@ -7,25 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainingArguments
 
-from ablate.errors import AblateError
-
 if TYPE_CHECKING:
-    from ablate.config import TrainCore, TrainerCore
-
-
-def check(trainer: TrainerCore) -> None:
-    """Refuse values of the recipe (``trainer``) the Trainer would take silently or fail on late."""
-    t = trainer
-    if not 0 <= t.warmup_ratio < 1:
-        raise AblateError(f"trainer.warmup_ratio={t.warmup_ratio}: must be in [0, 1)")
-    if t.early_stopping_patience is not None and t.early_stopping_patience < 1:
-        raise AblateError(
-            f"trainer.early_stopping_patience={t.early_stopping_patience}: must be a positive "
-            f"number of epochs (or null: off)"
-        )
-    for key in ("epochs", "batch_size", "eval_batch_size"):
-        if t[key] < 1:
-            raise AblateError(f"trainer.{key}={t[key]}: must be a positive integer")
+    from ablate.config import TrainCore
 
 
 def training_arguments(

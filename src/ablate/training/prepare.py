@@ -23,8 +23,8 @@ from ablate.data.sentences import Sentence
 from ablate.errors import AblateError
 from ablate.models.build import build, load_tokenizer
 from ablate.models.source import check_source
+from ablate.overrides import check_values
 from ablate.strategies.base import Applied
-from ablate.training import arguments
 from ablate.training.resources import reset_peak_rss, set_wait_policy, torch_threads
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def prepare(cfg: TrainCore) -> Prepared:
     set_seed(cfg.seed)  # the head's initialisation below draws from it
     task = tasks.get(cfg.data.task)
     check_source(cfg.model)  # a missing model fails in seconds, before the data
-    arguments.check(cfg.trainer)
+    check_values(cfg)  # its command line's are checked already; an option file's here
     check_switches(cfg)
     files = locate(cfg.data)
     d = cfg.data
