@@ -1,6 +1,7 @@
-"""Keys a chosen option does not read (``ablate.pinned``), a data folder that is not there
-(``ablate.cli.check_composed``), and one naming of an override's value: refused or settled
-before Hydra composes a job, through real Hydra composition and the real CLI."""
+"""Keys a chosen option does not read (``ablate.pinned``), a data folder that is not there or a
+treebank not named (``ablate.cli.check_composed``), and one naming of an override's value:
+refused or settled before Hydra composes a job, through real Hydra composition and the real
+CLI."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from helpers.data import ROOT, write_treebank
-from helpers.runs import run_cli
+from helpers.data import DATA, ROOT, write_treebank
+from helpers.runs import compose_cfg, run_cli
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from ablate import overrides
+from ablate.data.files import locate
 from ablate.errors import AblateError
 
 
@@ -94,6 +96,25 @@ def test_a_missing_data_root_is_refused_before_hydra_and_heavy_imports(tmp_path)
     assert proc.stdout.splitlines() == ["2", "[]"], proc.stderr
     assert "did you mean data.treebank=UD_Naija-Slice?" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_data_ud_without_a_treebank_names_the_key_an_example_and_where_they_are(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    there = sorted(p.name for p in (DATA / "ud").iterdir() if p.is_dir())
+    line = refused(run_cli("data=ud", f"tracking.uri={store}", f"hydra.run.dir={tmp_path}/run"))
+    assert line == (
+        "ablate: error: data.treebank is missing (this data option's folder is ud/${.treebank}): "
+        f"name a folder of {DATA / 'ud'}, e.g. data.treebank=UD_Naija-NSC (there: "
+        f"{', '.join(there)})"
+    )
+    assert list(tmp_path.iterdir()) == []  # no store, no job folder
+    # a job's own check (a sweep over a data key leaves it to the job): a root without treebanks
+    with pytest.raises(AblateError) as err:
+        locate(compose_cfg("data=ud", f"data.root={tmp_path}").data)
+    assert str(err.value) == (
+        "data.treebank is missing (this data option's folder is ud/${.treebank}): name a folder "
+        f"of {tmp_path / 'ud'}, e.g. data.treebank=UD_Naija-NSC (none there yet, or set data.root)"
+    )
 
 
 @pytest.mark.parametrize("given", ["trainer.lr=3e-3", "data.max_train_sentences=300", "seed=7"])

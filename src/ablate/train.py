@@ -29,6 +29,7 @@ def main(cfg: DictConfig) -> float:
     """Train and evaluate one configuration; returns the best dev score of the task's primary
     metric, ``best_dev_<primary>`` (the sweepers' objective)."""
     from ablate import tasks
+    from ablate.data.files import check_folders
     from ablate.errors import AblateError
     from ablate.overrides import check_values
     from ablate.tracking import run as tracking
@@ -36,7 +37,10 @@ def main(cfg: DictConfig) -> float:
 
     run = None  # the MLflow run, once it is open
     try:
-        check_values(cfg)  # one an option's file sets: before the store opens or data loads
+        # what the command line's checks leave to the job (a sweep over a data key), before
+        # anything reads the data node or opens the store
+        check_values(cfg)
+        check_folders(cfg.data)
         primary = tasks.get(cfg.data.task).primary_metric
         if cfg.freeze.name in cfg.lr_study.freeze:
             take_tuned_lr(cfg)  # before the twin check: the lr is part of the identity

@@ -8,9 +8,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
+from ablate import config
 from ablate.config import DataCore, user_cache
 from ablate.errors import AblateError
 from ablate.fileio import sha256_file
+from ablate.pinned import interpolated
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +22,7 @@ SPLITS = ("train", "dev", "test")
 # This machine's settings file, which `make setup` writes (the Makefile's LOCAL) and
 # conf/train.yaml loads as `optional local: default`; errors tell users to set data.root there.
 LOCAL_SETTINGS = "conf/local/default.yaml"
+EXAMPLE_TREEBANK = "UD_Naija-NSC"  # what an error naming a missing data.treebank suggests
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,26 @@ def _check_root(data: DataCore) -> None:
     raise AblateError(f"data.root={data.root} {what} (data={data.name}): {_set_root(data)}{create}")
 
 
+def _check_inputs(data: DataCore) -> None:
+    """A key that the option's folder interpolates (``dir: ud/${.treebank}``) and that the command
+    line must set (``option_input``) is named when unset, with the folders it may name: not
+    ``data.dir=ud/None``."""
+    node = data if isinstance(data, DictConfig) else OmegaConf.structured(data)
+    folder = str(OmegaConf.to_container(node, resolve=False).get("dir") or "")
+    inputs = config.flags("option_input")
+    for key in sorted(interpolated(f"dir: {folder}", "data")):
+        if not inputs.get(f"data.{key}") or node.get(key) is not None:
+            continue
+        parent = Path(data.root) / folder.partition("${")[0]
+        there = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+        example = EXAMPLE_TREEBANK if EXAMPLE_TREEBANK in there or not there else there[0]
+        found = f"there: {', '.join(there)}" if there else "none there yet, or set data.root"
+        raise AblateError(
+            f"data.{key} is missing (this data option's folder is {folder}): name a folder of "
+            f"{parent}, e.g. data.{key}={example} ({found})"
+        )
+
+
 def _no_folder(data: DataCore, folder: Path) -> str:
     """The error of a dataset folder missing under an existing root: the folders that are there,
     and the close one."""
@@ -128,8 +153,10 @@ def _no_folder(data: DataCore, folder: Path) -> str:
 
 def check_folders(data: DataCore) -> None:
     """Refuse a ``data.root`` that is not a folder, and the folder of an unpinned dataset (one
-    found by the UD naming pattern) that is not there: only paths are looked at, so the command
+    found by the UD naming pattern) that is not there, and a key its option names the folder by
+    left unset (``data=ud`` without ``data.treebank``): only paths are looked at, so the command
     line answers before anything heavy is imported (``ablate.cli``)."""
+    _check_inputs(data)
     _check_root(data)
     folder = Path(data.root) / data.dir
     if not data.splits and not folder.is_dir():
