@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers.data import ROOT
 from helpers.runs import run_cli, slice_overrides
 from helpers.store import logged_runs
@@ -106,6 +107,34 @@ def test_a_value_its_key_does_not_allow_is_one_line_before_any_job(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert proc.stdout.splitlines() == ["2", "[]"], proc.stderr
+
+
+def test_a_multiruns_cfg_shows_each_jobs_config_and_runs_nothing(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    given = ["trainer.lr=1e-4,2e-4", "seed=1", f"tracking.uri={store}"]
+    proc = run_cli("--multirun", *given, f"hydra.sweep.dir={tmp_path}/s", "--cfg", "job")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    _, *parts = re.split(r"^# job #(\d+): (.*)$", proc.stdout, flags=re.M)
+    jobs = list(zip(parts[0::3], parts[1::3], map(yaml.safe_load, parts[2::3]), strict=True))
+    assert [(n, said.split()[0]) for n, said, _ in jobs] == [
+        ("0", "trainer.lr=0.0001"),
+        ("1", "trainer.lr=0.0002"),
+    ]
+    assert [(c["trainer"]["lr"], c["seed"], "hydra" in c) for *_, c in jobs] == [
+        (1e-4, 1, False),
+        (2e-4, 1, False),
+    ]
+    assert list(tmp_path.iterdir()) == []  # no store, no sweep folder
+    # a preset's grid (hydra.sweeper.params) as its sweep runs it, with --cfg's own flags
+    proc = run_cli("--multirun", "experiment=study", "--cfg", "job", "--package", "data")
+    headers = re.findall(r"^# job #\d+: freeze=(\w+) data=(\w+)", proc.stdout, flags=re.M)
+    assert len(headers) == 10 and headers[:2] == [("none", "naija"), ("none", "ewt")]
+    assert proc.stdout.count("# @package data") == 10
+    line = refused(run_cli("--multirun", "--run", "trainer.lr=1e-4"))
+    assert line == (
+        "ablate: error: --run and --multirun: give one of them (--multirun with --cfg shows "
+        "each job's config)"
+    )
 
 
 def test_the_installed_script_checks_too(tmp_path):

@@ -1,8 +1,10 @@
 """The command line of ``python -m ablate.train`` before Hydra sees it: a bad override is one
-line and exit status 2 (``ablate.overrides``), ``--help`` is ablate's own (``ablate.helptext``)."""
+line and exit status 2 (``ablate.overrides``), ``--help`` is ablate's own (``ablate.helptext``),
+``--multirun --cfg job`` shows each job's config (``show_jobs``)."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -11,22 +13,33 @@ from typing import Any
 
 from ablate import helptext
 from ablate.errors import AblateError
-from ablate.overrides import CONFIG_NAME, Repository, check, check_values
+from ablate.overrides import CONFIG_NAME, Repository, check, check_values, sweep_jobs
+
+_COMMANDS = ("--run", "--multirun", "--cfg", "--info")  # Hydra takes one of them at a time
 
 
-def before_hydra(argv: Sequence[str]) -> None:
+def _commands(args: argparse.Namespace) -> tuple[bool, ...]:
+    return (args.run, args.multirun, args.cfg is not None, args.info is not None)
+
+
+def before_hydra(argv: Sequence[str]) -> argparse.Namespace:
     """What ``python -m ablate.train ARGV`` does before Hydra: ``check`` its overrides (a bad one:
-    one line on stderr, exit status 2) and answer ``--help`` (``ablate.helptext``)."""
+    one line on stderr, exit status 2) and answer ``--help`` (``ablate.helptext``); returns the
+    command line as Hydra parses it."""
     from hydra._internal.utils import get_args_parser
 
     helptext.register()  # the help template's resolver, for Hydra's own --help too
     args, _ = get_args_parser().parse_known_args(list(argv))
     if args.shell_completion or args.config_path:
-        return  # another primary config folder: Hydra's own checks
+        return args  # another primary config folder: Hydra's own checks
     try:
         check(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
         if not (args.help or args.hydra_help or args.cfg or args.info):
             check_composed(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
+        given = [f for f, on in zip(_COMMANDS, _commands(args), strict=True) if on]
+        if len(given) > 1 and given != ["--multirun", "--cfg"]:  # that one: show_jobs
+            jobs = " (--multirun with --cfg shows each job's config)" if args.multirun else ""
+            raise AblateError(f"{' and '.join(given)}: give one of them{jobs}")
         if args.help and not (args.config_dir or args.config_name):
             try:
                 print(helptext.render(args.overrides), flush=True)
@@ -34,8 +47,51 @@ def before_hydra(argv: Sequence[str]) -> None:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(0)
     except AblateError as exc:
-        print(f"ablate: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _refuse(exc)
+    return args
+
+
+def _refuse(exc: AblateError) -> None:
+    print(f"ablate: error: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def show_jobs(app: Callable[..., Any], args: argparse.Namespace) -> None:
+    """``--multirun --cfg job`` (or ``hydra``, ``all``): each job's config as ``--cfg`` shows a
+    single run's (Hydra's own, through ``app``), after a comment naming the job as the sweep's
+    log will (``# job #0: trainer.lr=0.0001``). Only Hydra's basic sweeper (ablate's) tells its
+    jobs before they run; another one is one line."""
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf.errors import OmegaConfBaseException
+
+    name = args.config_name or CONFIG_NAME
+    try:
+        loader = Repository.for_command_line(args.overrides, args.config_dir, name).loader
+        cfg = loader.load_configuration(name, args.overrides, run_mode=RunMode.MULTIRUN)
+        sweeper = cfg.hydra.sweeper
+        if not str(sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+            raise AblateError(
+                f"--cfg with --multirun: hydra.sweeper {sweeper.get('_target_')} chooses its "
+                "jobs as it runs; drop --multirun and give one value per key to see a job's config"
+            )
+        jobs = sweep_jobs(sweeper.get("params"), cfg.hydra.overrides.task, loader)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise AblateError(f"--cfg with --multirun: {exc}") from None
+    flags = ["--cfg", args.cfg, *(["--package", args.package] if args.package else [])]
+    flags += ["--resolve"] if args.resolve else []
+    flags += ["--config-dir", args.config_dir] if args.config_dir else []
+    flags += ["--config-name", args.config_name] if args.config_name else []
+    hydra_given = list(cfg.hydra.overrides.hydra)  # as the launcher composes each job
+    argv = sys.argv
+    try:
+        for i, job in enumerate(jobs):
+            print(f"# job #{i}: {' '.join(job)}", flush=True)
+            sys.argv = [argv[0], *hydra_given, *job, *flags]
+            app()
+            sys.stdout.flush()
+    finally:
+        sys.argv = argv
 
 
 def check_composed(overrides: Sequence[str], config_dir: str | None, config_name: str) -> None:
@@ -77,7 +133,12 @@ def strict(app: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(app)
     def checked(*args: Any, **kwargs: Any) -> Any:
         if not args and not kwargs:
-            before_hydra(sys.argv[1:])
+            given = before_hydra(sys.argv[1:])
+            if given.multirun and given.cfg and not given.config_path:
+                try:
+                    return show_jobs(app, given)
+                except AblateError as exc:
+                    _refuse(exc)
         return app(*args, **kwargs)
 
     return checked

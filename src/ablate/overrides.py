@@ -19,7 +19,7 @@ import difflib
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -172,6 +172,21 @@ def as_job_sees(given: Sequence[str]) -> list[str]:
         else f"{o.get_key_element()}={o.get_value_element_as_str()}"
         for o in parsed
     ]
+
+
+def sweep_jobs(
+    params: Mapping[str, Any] | None, given: Sequence[str], loader: Any = None
+) -> list[list[str]]:
+    """The overrides of each job of a ``--multirun`` as Hydra's basic sweeper expands them, in its
+    order (its job numbers): the sweeper's ``params`` (a preset's grid), then ``given`` (the
+    command line's overrides of the job config). A sweep it cannot expand (an interval; a glob of
+    options without the config ``loader``) raises Hydra's ``HydraException``."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    listed = [f"{k}={v}" for k, v in (params or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*listed, *given])
+    (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    return jobs
 
 
 def _option_problem(o: Override, repo: Repository) -> str | None:

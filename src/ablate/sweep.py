@@ -88,15 +88,13 @@ def _grid(config: DictConfig) -> dict[str, Any] | None:
     """The jobs the sweep will launch, as ``parent.GRID`` records them; None where Hydra's
     grammar needs more than the command line (a ``glob`` of config groups)."""
     # Hydra's own expansion, so that the job numbers are the ones its launcher gives
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    from ablate.overrides import sweep_jobs
+
     try:
-        parsed = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
-        (jobs,) = BasicSweeper.split_arguments(parsed, None)
+        jobs = sweep_jobs(config.hydra.sweeper.get("params"), config.hydra.overrides.task)
     except HydraException:
         return None
     varying = [i for i in range(len(jobs[0]) if jobs else 0) if len({j[i] for j in jobs}) > 1]
