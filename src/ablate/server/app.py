@@ -8,8 +8,8 @@ it. MLflow offers no setting for any of these, so they are hooks around its app:
 - a reader creates nothing (experiments, runs, logged or registered models, uploads): creating
   needs an editor's grants, an experiment or a registered model an editor of every experiment;
 - only the admin lists users or looks up another user;
-- a password is set only if long enough and not a common one; failed logins are limited per
-  user name and per client address; a malformed ``Authorization`` header is a 401;
+- a password is set only if long enough and not a common one; failed logins are limited
+  (``ablate.server.logins``); a malformed ``Authorization`` header is a 401;
 - an upload's body is at most ``ABLATE_SERVER_MAX_UPLOAD_MB`` (and states its length), any other
   request's at most ``DEFAULT_MAX_REQUEST_MB`` (or the upload limit, if lower), counted as it
   arrives where it states no length;
@@ -25,12 +25,10 @@ import inspect
 import json
 import os
 import re
-import sqlite3
-import threading
-import time
 from urllib.parse import urlparse
 
-from ablate.server import names
+from ablate.server import local_admin, names
+from ablate.server.logins import LoginFailures
 from ablate.server.passwords import password_problem
 
 APP_NAME = "ablate-auth"
@@ -41,9 +39,6 @@ DEFAULT_MAX_REQUEST_MB = 64
 LOGINS_ENV = "ABLATE_SERVER_LOGINS"  # the file that counts failed logins
 # the port of the lr-study storage (ablate.server.studies), and where the app names it
 STUDY_PORT_ENV, STUDY_INFO_PATH = "ABLATE_SERVER_STUDY_PORT", "/ablate/lr-study-storage"
-# failed logins in a window after which a user name, or a client address, is refused until
-# the window has passed
-LOGIN_LIMITS, LOGIN_WINDOW_S = {"user": 10, "address": 30}, 300
 
 
 def _inside(path: str, root: str) -> bool:
@@ -232,42 +227,6 @@ def _before_request():
     return None
 
 
-class LoginFailures:
-    """Failed logins of the last ``LOGIN_WINDOW_S``, per user name and per client address, in
-    a SQLite file that the server's workers share. (Flask-Limiter and ``limits`` count in one
-    process, or in a Redis or memcached service: the server has two workers and no such
-    service.)"""
-
-    def __init__(self, path: str):
-        self.db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
-        self.lock = threading.Lock()
-        with self.lock:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("CREATE TABLE IF NOT EXISTS failures (kind TEXT, key TEXT, at REAL)")
-            self.db.execute("CREATE INDEX IF NOT EXISTS by_key ON failures (kind, key, at)")
-
-    def blocked(self, keys: dict[str, str]) -> str | None:
-        """The kind (user or address) of ``keys`` that failed too often lately, or None."""
-        since = time.time() - LOGIN_WINDOW_S
-        with self.lock:
-            for kind, key in keys.items():
-                (count,) = self.db.execute(
-                    "SELECT count(*) FROM failures WHERE kind = ? AND key = ? AND at > ?",
-                    (kind, key, since),
-                ).fetchone()
-                if count >= LOGIN_LIMITS[kind]:
-                    return kind
-        return None
-
-    def failed(self, keys: dict[str, str]) -> None:
-        now = time.time()
-        with self.lock:
-            self.db.executemany(
-                "INSERT INTO failures VALUES (?, ?, ?)", [(k, v, now) for k, v in keys.items()]
-            )
-            self.db.execute("DELETE FROM failures WHERE at < ?", (now - LOGIN_WINDOW_S,))
-
-
 class Guard:
     """The ASGI layer in front of MLflow's: the ``Authorization`` header's form, failed logins
     per user and per address, and the size of a request's body."""
@@ -287,16 +246,16 @@ class Guard:
         if _ASSISTANT.search(scope["path"]):
             return await _plain(send, 403, ASSISTANT_REFUSED)
         headers = dict(scope["headers"])
-        keys: dict[str, str] = {}
+        login: tuple[str, str] | None = None
         if (header := headers.get(b"authorization")) is not None:
             user = _basic_user(header)
             if user is None:
                 return await _plain(send, 401, "malformed Authorization header: use Basic auth")
-            keys = {"user": user, "address": (scope.get("client") or ("?",))[0]}
-            if kind := self.failures.blocked(keys):
-                return await _plain(
-                    send, 429, f"too many failed logins for this {kind}: try again later"
-                )
+            login = (user, (scope.get("client") or ("?",))[0])
+            key = headers.get(local_admin.HEADER.lower().encode())
+            local = local_admin.matches(key, os.environ.get(local_admin.DIGEST_ENV))
+            if not local and (why := self.failures.blocked(*login)):
+                return await _plain(send, 429, f"{why}: try again later")
         length = headers.get(b"content-length")
         if length is not None and not length.isdigit():
             return await _plain(send, 400, "bad Content-Length")
@@ -336,8 +295,8 @@ class Guard:
                 raise
         if status.get("over") and "code" not in status:
             return await _plain(send, 413, too_big)
-        if keys and status.get("code") == 401:
-            self.failures.failed(keys)
+        if login and status.get("code") == 401:
+            self.failures.failed(*login)
 
     async def _study_port(self, send) -> None:
         """Where the lr-study storage listens (``ablate.server.studies``): its port, which is

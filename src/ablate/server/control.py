@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ablate.config import project_root
 from ablate.errors import AblateError
+from ablate.server import local_admin
 from ablate.server.app import (
     APP_NAME,
     DEFAULT_MAX_UPLOAD_MB,
@@ -131,6 +132,8 @@ def start(
         write_private(folder / STATE, json.dumps(state))  # stop() can stop it, whatever follows
     env[MAX_UPLOAD_ENV] = str(max_upload_mb)
     env[LOGINS_ENV] = str(folder / HOME / "logins.db")
+    if auth:  # the admin's local commands pass the failed-login limit (ablate.server.logins)
+        env[local_admin.DIGEST_ENV] = str(local_admin.prepare(folder, owner))
     if "pg_port" in state and auth:
         env[STUDY_PORT_ENV] = str(study_port)
     try:
@@ -276,7 +279,7 @@ def _start_mlflow(
         raise AblateError(f"mlflow server exited with code {proc.returncode}")
     if "MLFLOW_AUTH_CONFIG_PATH" in auth_env:  # the admin's file matches the user store
         # (a restored backup may not)
-        with as_user(*read_credentials(folder / CREDENTIALS)):
+        with as_user(*read_credentials(folder / CREDENTIALS)), local_admin.local_admin(folder):
             check_server(uri)
     return uri
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from ablate.errors import AblateError
 from ablate.server.credentials import new_password, read_credentials, write_credentials
 from ablate.server.files import CREDENTIALS, local_uri
+from ablate.server.local_admin import local_admin
 from ablate.tracking.auth import as_user
 
 MEMBERS = "members"
@@ -147,7 +148,7 @@ def set_member(folder: Path, name: str, role: str, experiments: list[str] = ()) 
         raise AblateError(f"{name!r} is the server's admin: it holds every permission already")
     level, tiers = ROLES[role]
     created = None
-    with as_user(*admin):
+    with as_user(*admin), local_admin(folder):
         client = _client(uri)
         try:
             if _exists(client, name):
@@ -178,7 +179,7 @@ def new_password_for(folder: Path, name: str) -> Path:
 
     uri, (admin, admin_password) = _admin(folder)
     password = new_password(name)
-    with as_user(admin, admin_password):
+    with as_user(admin, admin_password), local_admin(folder):
         client = _client(uri)
         try:
             if name == admin:

@@ -22,6 +22,7 @@ import subprocess
 from pathlib import Path
 
 from ablate.errors import AblateError
+from ablate.server import namespace
 from ablate.server.credentials import new_password, write_private
 
 PASSFILE = "pgpass"
@@ -49,7 +50,16 @@ def _superuser() -> str:
 
 
 def _as_postgres(cmd: list[str]) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+    """``cmd`` as PostgreSQL's user when we are root; where its data or socket folder (after
+    ``-D`` or ``-h``) lies behind a folder that user may not pass (a checkout under /root), in a
+    mount namespace that shows it the server's folder alone (``ablate.server.namespace``)."""
+    if os.geteuid() != 0:
+        return cmd
+    named = [cmd[i + 1] for i, arg in enumerate(cmd[:-1]) if arg in ("-D", "-h")]
+    folders = [Path(path).resolve().parent for path in named]
+    gid = pwd.getpwnam("postgres").pw_gid
+    shown = namespace.revealing(namespace.behind_closed(folders, gid), "PostgreSQL's user")
+    return [*shown, "runuser", "-u", "postgres", "--", *cmd]
 
 
 def _run(cmd: list[str], **kwargs) -> None:

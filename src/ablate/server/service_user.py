@@ -16,18 +16,11 @@ import sys
 from pathlib import Path
 
 from ablate.errors import AblateError
+from ablate.server import namespace
 from ablate.server.postgres import private_dir
 
 SERVICE_USER = "ablate-mlflow"
 MEMBERS = "members"
-
-# In a mount namespace of its own: a tmpfs hides the closed folder ($2), in which only the
-# Python installation ($1) is mounted back; then exec the rest ("$@", as the server's user).
-_REVEAL = (
-    'set -e; s=$(mktemp -d); mount --bind "$1" "$s"; '
-    'mount -t tmpfs -o mode=0711,size=1m ablate "$2"; mkdir -p "$1"; mount --move "$s" "$1"; '
-    'rmdir "$s"; shift 2; exec "$@"'
-)
 
 
 def service_user() -> tuple[int, int] | None:
@@ -88,19 +81,11 @@ def adopt(path: Path, owner: tuple[int, int] | None) -> None:
     private_dir(path, owner)
 
 
-def _closed(path: Path, gid: int) -> Path | None:
-    """The first folder above ``path`` that others (and group ``gid``) may not pass through."""
-    for parent in reversed(path.parents):
-        st = parent.stat()
-        if not (st.st_mode & 0o001 or (st.st_gid == gid and st.st_mode & 0o010)):
-            return parent
-    return None
-
-
 def as_service(cmd: list[str], owner: tuple[int, int], needed: list[Path]) -> list[str]:
-    """``cmd`` run as the server's user. When Python is installed in a folder it may not pass
-    (pyenv under /root), the server gets a mount namespace where only the installation is
-    visible there; any other of the ``needed`` paths behind a closed folder is an error."""
+    """``cmd`` run as the server's user. Where Python's installation or any of the ``needed``
+    paths (the checkout's environment and code, the server's folder) lies behind a folder the
+    server's user may not pass (a clone under /root, pyenv there), it runs in a mount namespace
+    in which only those paths are visible in that folder (``ablate.server.namespace``)."""
     drop = [
         "setpriv",
         f"--reuid={owner[0]}",
@@ -110,27 +95,7 @@ def as_service(cmd: list[str], owner: tuple[int, int], needed: list[Path]) -> li
         "--",
     ]
     python = Path(sys.base_prefix).resolve()
-    for path in needed:
-        if (closed := _closed(path.resolve(), owner[1])) is not None:
-            raise AblateError(
-                f"{path}: the server's user {SERVICE_USER} cannot reach it ({closed} is closed to "
-                f"other users): keep the checkout and .server/ where other users may pass"
-            )
-    closed = _closed(python / "bin", owner[1])
-    if closed is None:
-        return [*drop, *cmd]
-    top = closed / python.relative_to(closed).parts[0]  # what to mount back in the closed folder
-    return [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        _REVEAL,
-        "sh",
-        str(top),
-        str(closed),
-        *drop,
-        *cmd,
-    ]
+    hidden = namespace.behind_closed([p.resolve() for p in needed], owner[1])
+    if (folder := namespace.closed(python / "bin", owner[1])) is not None:
+        hidden.append((folder, folder / python.relative_to(folder).parts[0]))
+    return [*namespace.revealing(hidden, SERVICE_USER), *drop, *cmd]

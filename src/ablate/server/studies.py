@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from ablate.lrstudy.remote import GRACE_S, HEARTBEAT_S, HEARTBEAT_SERVICE, LOGIN
-from ablate.server.app import LoginFailures, grants
+from ablate.server.app import grants
+from ablate.server.logins import LoginFailures
 
 CACHE_S = 60  # as the MLflow app: a changed password or role counts within a minute
 
@@ -85,15 +86,12 @@ class Members(grpc.ServerInterceptor):
                 grpc.StatusCode.UNAUTHENTICATED,
                 "the team server's login (MLflow credentials) is missing",
             )
-        keys = {"user": user, "address": _peer_address(context.peer())}
-        if kind := self.failures.blocked(keys):
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"too many failed logins for this {kind}: try again later",
-            )
+        login = (user, _peer_address(context.peer()))
+        if why := self.failures.blocked(*login):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{why}: try again later")
         role = self._role(user, password)
         if role is None:
-            self.failures.failed(keys)
+            self.failures.failed(*login)
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 f"user {user}: wrong user name or password (the MLflow login)",
