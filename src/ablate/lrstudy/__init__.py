@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from ablate import plugins
 from ablate.config import LrStudyConfig
+from ablate.training import DIVERGED_TAG
 
 TRIAL_ENV = "ABLATE_LR_TRIAL"  # a trial's process: JSON of storage, study, trial_id, driver pid
 TRIAL_TAG = "lr_trial"  # MLflow tag of a trial's run: "<optuna study>:<trial number>"
@@ -29,9 +30,17 @@ def pruned(tags: Mapping[str, str]) -> bool:
     return tags.get(PRUNED_TAG) == "true"
 
 
+def diverged_epoch(tags: Mapping[str, str]) -> int | None:
+    """The epoch in which a run's training diverged (``ablate.training.DIVERGED_TAG``: it ended
+    FAILED there, no candidate), or None."""
+    tag = tags.get(DIVERGED_TAG)
+    return int(tag.split()[-1]) if tag else None
+
+
 def run_ended(status: str, tags: Mapping[str, str]) -> bool:
-    """Whether a trial's run ended: it trained out (FINISHED) or its study pruned it."""
-    return status == "FINISHED" or pruned(tags)
+    """Whether a trial's run ended: it trained out (FINISHED), its study pruned it, or its
+    training diverged (FAILED: the study prunes it too)."""
+    return status == "FINISHED" or pruned(tags) or diverged_epoch(tags) is not None
 
 
 def owner_here(trial) -> dict | None:

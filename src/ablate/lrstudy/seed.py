@@ -19,7 +19,14 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from ablate import tasks
-from ablate.lrstudy import PRUNED_EPOCH_TAG, RANGE_TAG, TRIAL_TAG, pruned, run_ended
+from ablate.lrstudy import (
+    PRUNED_EPOCH_TAG,
+    RANGE_TAG,
+    TRIAL_TAG,
+    diverged_epoch,
+    pruned,
+    run_ended,
+)
 from ablate.tracking.store import all_runs, schema_lock
 
 if TYPE_CHECKING:
@@ -44,11 +51,16 @@ def trial_runs(cfg: TrainCore, name: str, metric: str) -> list:
     kept = []
     for r in runs:
         prefix, _, number = r.data.tags[TRIAL_TAG].rpartition(":")
-        # ended, and with its value where it trained out (a pruned trial has none)
-        valued = pruned(r.data.tags) or f"best_dev_{metric}" in r.data.metrics
+        # ended, and with its value where it trained out (a pruned or diverged trial has none)
+        valued = _cut(r.data.tags) or f"best_dev_{metric}" in r.data.metrics
         if prefix == name and number.isdigit() and run_ended(r.info.status, r.data.tags) and valued:
             kept.append((int(number), r.info.start_time, r))
     return [r for *_, r in sorted(kept, key=lambda x: x[:2])]
+
+
+def _cut(tags) -> bool:
+    """Whether a trial's run is a pruned trial: its study pruned it, or its training diverged."""
+    return pruned(tags) or diverged_epoch(tags) is not None
 
 
 def _span(run) -> list[float] | None:
@@ -80,9 +92,11 @@ def _trial(run, cfg: TrainCore, configured: list[float], metric: str, client: Ml
     points = client.get_metric_history(run.info.run_id, f"dev_{metric}")
     for m in sorted(points, key=lambda m: m.timestamp):
         history.setdefault(int(m.step), m.value)  # a step reported twice: Optuna keeps the first
-    cut = pruned(run.data.tags)
+    cut = _cut(run.data.tags)
     if cut:
-        epochs = int(run.data.tags.get(PRUNED_EPOCH_TAG, max(history, default=0)))
+        epochs = diverged_epoch(run.data.tags) or int(
+            run.data.tags.get(PRUNED_EPOCH_TAG, max(history, default=0))
+        )
     else:
         epochs = int(run.data.metrics.get("stopped_epoch", cfg.trainer.epochs))
     trial = optuna.trial.create_trial(

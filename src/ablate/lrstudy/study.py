@@ -51,6 +51,7 @@ from ablate.lrstudy import (
     PRUNED_EPOCH_TAG,
     TRIAL_ENV,
     TRIAL_TAG,
+    diverged_epoch,
     owner_here,
     pruned,
     run_ended,
@@ -227,9 +228,9 @@ def job_folder(trial: optuna.trial.FrozenTrial, new: Path) -> Path:
 
 def _run_of(tracking: TrackingConfig, name: str, numbers: list[int], lr: float):
     """The MLflow run that ended trial ``numbers`` (a trial and its earlier tries) at ``lr``:
-    FINISHED, or pruned; None if none did. A run tagged for the trial at another lr is not its:
-    the study's Optuna storage is not the one it ran with (an archive imported into a new store,
-    say), and its trial numbers drew other lrs."""
+    FINISHED, pruned, or diverged; None if none did. A run tagged for the trial at another lr is
+    not its: the study's Optuna storage is not the one it ran with (an archive imported into a
+    new store, say), and its trial numbers drew other lrs."""
     client = MlflowClient(tracking.uri)
     exp = client.get_experiment_by_name(tracking.experiment)
     if exp is None:
@@ -244,7 +245,11 @@ def _run_of(tracking: TrackingConfig, name: str, numbers: list[int], lr: float):
 
 def _result(cfg: TrainCore, trial: optuna.Trial, run) -> float:
     """The trial's objective from its run; a pruned run is ended KILLED (no candidate, never
-    reused by skip_finished) and the trial told PRUNED."""
+    reused by skip_finished) and the trial told PRUNED, as is one whose training diverged (its
+    run stays FAILED: nothing to resume)."""
+    if (epoch := diverged_epoch(run.data.tags)) is not None:
+        trial.set_user_attr("epochs", epoch)
+        raise optuna.TrialPruned()
     if pruned(run.data.tags):
         if run.info.status != "KILLED":
             MlflowClient(cfg.tracking.uri).set_terminated(run.info.run_id, status="KILLED")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
 
 from transformers import TrainerCallback
 
+from ablate.training import DIVERGED_TAG
 from ablate.training.recorder import Recorder
 from ablate.training.resources import cpu_gflops, usable_cpus
 
@@ -87,6 +89,58 @@ class EpochLogger(TrainerCallback):
             loss,
             self._seconds,
         )
+
+
+class StopDiverged(TrainerCallback):
+    """Stops a run whose training diverged, at the end of the epoch it shows: that epoch is
+    neither evaluated nor saved, the run is tagged ``ablate.diverged=epoch N`` and ``verdict``
+    says why (``fit`` then fails the run with it, before its test evaluation).
+
+    The rule, read where the Trainer logs the epoch's mean training loss (once an epoch: no host
+    read per step): that loss is not finite, or more than ``FACTOR`` times the run's start. The
+    start is the lower of the first epoch's loss and ln K, the cross-entropy of a head guessing
+    uniformly among the task's K labels, which is about where an untrained head starts: a run
+    that blew up in its first epoch is caught then, one that trained and blew up later when its
+    loss rose tenfold. A dev loss that is not finite counts too (weights gone NaN: the Trainer's
+    logged loss leaves out the steps whose loss was not finite).
+    """
+
+    FACTOR = 10.0
+
+    def __init__(self, record: Recorder, labels: int):
+        self.record = record
+        self.chance = math.log(labels) if labels > 1 else math.inf
+        self.verdict: str | None = None  # why the run stopped, once it diverged
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs or self.verdict:
+            return
+        loss = logs["loss"]
+        first = next(e["loss"] for e in state.log_history if "loss" in e)  # a resumed run's too
+        start = min(first, self.chance)
+        if not math.isfinite(loss):
+            why = f"training loss {loss}"
+        elif loss > self.FACTOR * start:
+            why = f"training loss {loss:.4g}, over {self.FACTOR:g}x its start {start:.3g}"
+        else:
+            return
+        self._stop(args, state, control, why)
+        control.should_evaluate = False  # the epoch's scores and checkpoint are worth nothing
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        loss = (metrics or {}).get("eval_loss")
+        if not self.verdict and loss is not None and not math.isfinite(loss):
+            self._stop(args, state, control, f"dev loss {loss}")
+
+    def _stop(self, args, state, control, why: str) -> None:
+        epoch = epoch_of(state)
+        self.record.tags({DIVERGED_TAG: f"epoch {epoch}"})
+        self.verdict = (
+            f"training diverged in epoch {epoch} at trainer.lr={args.learning_rate:g} ({why}): "
+            "stopped, its run FAILED; try a lower trainer.lr"
+        )
+        control.should_training_stop = True
+        control.should_save = False
 
 
 class SendEvaluated(TrainerCallback):

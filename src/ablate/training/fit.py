@@ -11,6 +11,7 @@ import numpy as np
 from transformers import EarlyStoppingCallback, PrinterCallback
 
 from ablate import plugins
+from ablate.errors import AblateError
 from ablate.plugins import Context
 from ablate.quiet import quieted
 from ablate.strategies.base import Applied, build_optimizer
@@ -18,7 +19,7 @@ from ablate.tasks import Task
 from ablate.tasks.metrics import Evaluation, argmax_logits
 from ablate.training import checkpoints, keep
 from ablate.training.arguments import training_arguments
-from ablate.training.callbacks import EpochLogger, SendEvaluated, dev_history
+from ablate.training.callbacks import EpochLogger, SendEvaluated, StopDiverged, dev_history
 from ablate.training.meter import CountingCollator, SpeedMeter
 from ablate.training.prepare import Prepared
 from ablate.training.recorder import Recorder
@@ -55,6 +56,10 @@ def fit(cfg: TrainCore, prep: Prepared, record: Recorder) -> dict[str, float]:
         record.tags({checkpoints.FOLDER_TAG: output_dir})
         record.info("speed", status)
         out = trainer.train(resume_from_checkpoint=checkpoints.resume_from(record.resumed))
+    diverged = next(c for c in trainer.callback_handler.callbacks if isinstance(c, StopDiverged))
+    if diverged.verdict:  # nothing of it worth scoring, keeping or resuming
+        checkpoints.remove(trainer.args.output_dir, record.resumed)
+        raise AblateError(diverged.verdict)
     for folder, write in prep.applied.artifacts.items():  # e.g. the LoRA adapter alone
         with tempfile.TemporaryDirectory() as tmp:
             write(tmp)
@@ -166,6 +171,7 @@ def build_trainer(
     may wrap the model, the features and the collator) and the meter; and what they applied."""
     callbacks = [
         EpochLogger(record, task.primary_metric, task.epoch_metrics),
+        StopDiverged(record, len(task.labels)),
         *(make(record) for make in applied.callbacks),
     ]
     ctx = Context(
