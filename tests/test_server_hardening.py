@@ -319,12 +319,14 @@ def test_the_server_runs_as_its_own_user_with_root_files_out_of_reach(srv):
         os.environ.pop("PGPASSFILE") if url is None else os.environ.update(PGPASSFILE=url)
 
 
-def test_the_admins_password_stays_in_no_server_process_or_config(srv):
+def test_no_secret_stays_in_a_server_process_environment_or_its_config(srv):
     state = json.loads((srv.folder / control.STATE).read_text())
     server = psutil.Process(state["mlflow_pid"])
     password = srv.admin[1].encode()
+    secret = (srv.folder / control.SECRET).read_bytes().strip()
     for process in (server, *server.children(recursive=True)):
-        assert password not in Path(f"/proc/{process.pid}/environ").read_bytes(), process
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes()
+        assert password not in environ and secret not in environ, process
     assert srv.admin[1] not in (srv.folder / control.AUTH_CONFIG).read_text()
     # yet the admin logs in: the user store was made with it
     assert call(srv, "GET", f"{API}/users/get", srv.admin, params={"username": "ed"}).ok

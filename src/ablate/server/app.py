@@ -37,6 +37,10 @@ DEFAULT_MAX_UPLOAD_MB = 1024
 # every other request (the JSON API, GraphQL): a log-batch of MLflow's own limits is ~1 MB
 DEFAULT_MAX_REQUEST_MB = 64
 LOGINS_ENV = "ABLATE_SERVER_LOGINS"  # the file that counts failed logins
+# MLflow takes the Flask secret from its environment only, and its server process checks that it
+# is set: the processes' environments (which their children inherit) hold this placeholder, and
+# each worker reads the key from the file named by SECRET_FILE_ENV while its app is made
+SECRET_IN_FILE, SECRET_FILE_ENV = "in-its-file", "ABLATE_SERVER_SECRET_FILE"
 # the port of the lr-study storage (ablate.server.studies), and where the app names it
 STUDY_PORT_ENV, STUDY_INFO_PATH = "ABLATE_SERVER_STUDY_PORT", "/ablate/lr-study-storage"
 
@@ -337,7 +341,16 @@ def create_app():
 
     if root := os.environ.get(ARTIFACTS_DESTINATION_ENV_VAR):
         _confine_artifacts(root)
-    app = basic_auth(flask_app)
+    key = "MLFLOW_FLASK_SERVER_SECRET_KEY"
+    placeholder = os.environ.get(key)
+    if secret := os.environ.get(SECRET_FILE_ENV):
+        with open(secret) as f:
+            os.environ[key] = f.read().strip()
+    try:
+        app = basic_auth(flask_app)  # the app keeps the key
+    finally:
+        if secret and placeholder is not None:  # not for the children the worker starts
+            os.environ[key] = placeholder
     flask_app.before_request(_before_request)  # after MLflow's authentication and its check
     limit = int(os.environ.get(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_MB)) * 2**20
     return Guard(app, limit, os.environ.get(LOGINS_ENV, ":memory:"))

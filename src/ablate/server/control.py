@@ -39,6 +39,8 @@ from ablate.server.app import (
     DEFAULT_MAX_UPLOAD_MB,
     LOGINS_ENV,
     MAX_UPLOAD_ENV,
+    SECRET_FILE_ENV,
+    SECRET_IN_FILE,
     STUDY_PORT_ENV,
 )
 from ablate.server.credentials import (
@@ -208,8 +210,18 @@ def _auth_env(folder: Path, owner: tuple[int, int] | None) -> dict[str, str]:
     return {
         "MLFLOW_AUTH_CONFIG_PATH": str(folder / AUTH_CONFIG),
         "MLFLOW_AUTH_ADMIN_USERNAME": user,
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": (folder / SECRET).read_text().strip(),
+        # the key itself only in a file of the server's: its workers read it (ablate.server.app)
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": SECRET_IN_FILE,
+        SECRET_FILE_ENV: str(_secret_copy(folder, owner)),
     }
+
+
+def _secret_copy(folder: Path, owner: tuple[int, int] | None) -> Path:
+    """The Flask secret (root's, ``folder``/flask_secret) copied where the server's user reads
+    it, in its own folder."""
+    copy = folder / HOME / SECRET
+    write_private(copy, (folder / SECRET).read_text().strip(), owner)
+    return copy
 
 
 def write_auth_config(folder: Path, owner: tuple[int, int] | None, password: str | None) -> None:
