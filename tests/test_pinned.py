@@ -6,11 +6,10 @@ CLI."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
-from helpers.data import DATA, ROOT, write_treebank
-from helpers.runs import compose_cfg, run_cli
+from helpers.data import DATA, write_treebank
+from helpers.runs import compose_cfg, refused_before_loading, run_cli
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -84,15 +83,9 @@ def test_a_missing_data_root_is_refused_before_hydra_and_heavy_imports(tmp_path)
     # an unpinned dataset's folder, too; answered before torch, mlflow or transformers load
     (tmp_path / "ud").mkdir()
     write_treebank(tmp_path / "ud" / "UD_Naija-Slice", "x", {"train": [], "dev": [], "test": []})
-    probe = (
-        "import runpy, sys\n"
-        f"sys.argv = ['ablate.train', 'data=ud', 'data.treebank=UD_Naija-Slise',"
-        f" 'data.root={tmp_path}', 'tracking.uri={store}']\n"
-        "try:\n    runpy.run_module('ablate.train', run_name='__main__')\n"
-        "except SystemExit as exc:\n    print(exc.code)\n"
-        "print(sorted({'torch', 'transformers', 'mlflow'} & set(sys.modules)))\n"
+    proc = refused_before_loading(
+        "data=ud", "data.treebank=UD_Naija-Slise", f"data.root={tmp_path}", f"tracking.uri={store}"
     )
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert proc.stdout.splitlines() == ["2", "[]"], proc.stderr
     assert "did you mean data.treebank=UD_Naija-Slice?" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists()

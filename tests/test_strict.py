@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.data import ROOT
-from helpers.runs import run_cli, slice_overrides
+from helpers.runs import refused_before_loading, run_cli, slice_overrides
 from helpers.store import logged_runs
 
 from ablate import config, helptext, overrides, switches
@@ -98,14 +98,8 @@ def test_a_value_its_key_does_not_allow_is_one_line_before_any_job(tmp_path):
         "the default"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]  # no store, no job folder
-    probe = (  # answered before the training stack or MLflow loads
-        "import runpy, sys\n"
-        f"sys.argv = ['ablate.train', 'trainer.epochs=0', 'tracking.uri={store}']\n"
-        "try:\n    runpy.run_module('ablate.train', run_name='__main__')\n"
-        "except SystemExit as exc:\n    print(exc.code)\n"
-        "print(sorted({'torch', 'transformers', 'mlflow'} & set(sys.modules)))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    # answered before the training stack or MLflow loads
+    proc = refused_before_loading("trainer.epochs=0", f"tracking.uri={store}")
     assert proc.stdout.splitlines() == ["2", "[]"], proc.stderr
 
 
@@ -293,13 +287,7 @@ def test_help_is_as_quick_as_composing_and_loads_no_training_stack():
     helps = [seconds("--help") for _ in range(2)]
     cfgs = [seconds("--cfg", "job") for _ in range(2)]
     assert min(helps) < 2 * min(cfgs), (helps, cfgs)
-    probe = (
-        "import runpy, sys\nsys.argv = ['ablate.train', '--help']\n"
-        "try:\n    runpy.run_module('ablate.train', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        "print(sorted({'torch', 'transformers', 'mlflow', 'pandas'} & set(sys.modules)))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    proc = refused_before_loading("--help", modules=("torch", "transformers", "mlflow", "pandas"))
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stderr
 
 

@@ -148,3 +148,18 @@ def kept_minilm_run(slice_root, store, tmp_path, monkeypatch, *overrides):
     )  # fmt: skip
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     return found
+
+
+def refused_before_loading(
+    *args: str, modules: Sequence[str] = ("torch", "transformers", "mlflow")
+) -> subprocess.CompletedProcess:
+    """``python -m ablate.train ARGS`` run in a fresh Python that then prints its exit code and
+    which of ``modules`` it loaded (a refusal, or ``--help``, should load none)."""
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = ['ablate.train', *{list(args)!r}]\n"
+        "try:\n    runpy.run_module('ablate.train', run_name='__main__')\n"
+        "except SystemExit as exc:\n    print(exc.code)\n"
+        f"print(sorted({set(modules)!r} & set(sys.modules)))\n"
+    )
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
