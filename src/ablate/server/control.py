@@ -53,8 +53,8 @@ from ablate.server.files import AUTH_DB, CREDENTIALS, HOME, STATE, local_uri
 from ablate.server.postgres import start_postgres, stop_postgres, study_url
 from ablate.server.processes import service_env, spawn, start_studies
 from ablate.server.service_user import (
-    SERVICE_USER,
     adopt,
+    check_sqlite_writable,
     own_folder,
     service_user,
 )
@@ -124,7 +124,7 @@ def start(
     for name in (HOME, ARTIFACTS):
         adopt(folder / name, owner)
     if db_url is not None:
-        _check_sqlite_writable(db_url, owner, folder)
+        check_sqlite_writable(db_url, owner, folder)
     env = _auth_env(folder, owner) if auth else {}
     state: dict = {"port": port, "host": host, "auth": auth}
     if db_url is None:
@@ -150,21 +150,6 @@ def start(
     except BaseException:
         stop(folder)
         raise
-
-
-def _check_sqlite_writable(db_url: str, owner: tuple[int, int] | None, folder: Path) -> None:
-    """A sqlite ``db_url`` the server's own user can write (its folder that user's), else one
-    line saying where it may go: started as root, the server runs as that user."""
-    if owner is None or not db_url.startswith("sqlite:///"):
-        return
-    path = Path(db_url.removeprefix("sqlite:///"))
-    held = path if path.exists() else path.parent
-    if not held.exists() or held.stat().st_uid != owner[0]:
-        raise AblateError(
-            f"--db-url {db_url}: the server runs as its own user ({SERVICE_USER}), which does "
-            f"not own {held}: put the file in the server's own folder (sqlite:///"
-            f"{folder / HOME}/mlflow.db), or chown -R {SERVICE_USER} {path.parent}"
-        )
 
 
 def _free_port(host: str = "127.0.0.1") -> int:

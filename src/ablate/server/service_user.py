@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ablate.errors import AblateError
 from ablate.server import namespace
+from ablate.server.files import HOME
 from ablate.server.postgres import private_dir
 
 SERVICE_USER = "ablate-mlflow"
@@ -99,3 +100,18 @@ def as_service(cmd: list[str], owner: tuple[int, int], needed: list[Path]) -> li
     if (folder := namespace.closed(python / "bin", owner[1])) is not None:
         hidden.append((folder, folder / python.relative_to(folder).parts[0]))
     return [*namespace.revealing(hidden, SERVICE_USER), *drop, *cmd]
+
+
+def check_sqlite_writable(db_url: str, owner: tuple[int, int] | None, folder: Path) -> None:
+    """A sqlite ``db_url`` the server's own user can write (its folder that user's), else one
+    line saying where it may go: started as root, the server runs as that user."""
+    if owner is None or not db_url.startswith("sqlite:///"):
+        return
+    path = Path(db_url.removeprefix("sqlite:///"))
+    held = path if path.exists() else path.parent
+    if not held.exists() or held.stat().st_uid != owner[0]:
+        raise AblateError(
+            f"--db-url {db_url}: the server runs as its own user ({SERVICE_USER}), which does "
+            f"not own {held}: put the file in the server's own folder (sqlite:///"
+            f"{folder / HOME}/mlflow.db), or chown -R {SERVICE_USER} {path.parent}"
+        )

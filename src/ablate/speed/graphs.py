@@ -183,12 +183,12 @@ class GraphedStep:
 
 
 class GraphMixin:
-    """Trainer mixin: ``training_step`` runs ``graphed`` (set by the plugin's ``attach`` once
-    the optimizer exists, at ``create_optimizer``); the training loader collates with
+    """Trainer mixin: ``training_step`` runs ``graphed`` (made at ``create_optimizer``, once the
+    plugin's ``attach`` has set the backend); the training loader collates with
     ``fixed_collator`` (fixed shapes), evaluation with the plain collator."""
 
     graph_backend = None  # CudaGraphs() or Replay(): set by the plugin
-    graph_max_norm = 1.0
+    graph_max_norm = MAX_GRAD_NORM
     fixed_collator = None
     graphed: GraphedStep | None = None
 
