@@ -178,7 +178,9 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(
     capsys.readouterr()
     states = {t.params["lr"]: t.state for t in _study(args).trials}
     assert states[1e-7] == optuna.trial.TrialState.PRUNED
-    assert list(states.values()).count(optuna.trial.TrialState.COMPLETE) == 2
+    # the pruned trial does not count: a fourth trial, drawn by the sampler, trains out
+    assert list(states.values()).count(optuna.trial.TrialState.COMPLETE) == 3
+    (drawn,) = set(states) - {3e-3, 1e-3, 1e-7}
     runs = {float(r.data.params["trainer.lr"]): r for r in logged_runs(store)}
     pruned = runs[1e-7]
     assert pruned.info.status == "KILLED" and pruned.data.tags[PRUNED_TAG] == "true"
@@ -186,7 +188,7 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(
     assert "best_dev_accuracy" in pruned.data.metrics  # it ended as a run does, then KILLED
     ends = [line for f in tmp_path.rglob("*.log") for line in f.read_text().splitlines()]
     assert sum("pruned by its lr study after epoch 1: dev accuracy" in e for e in ends) == 1
-    assert sum(" FINISHED: dev accuracy" in e for e in ends) == 2  # its log says so, too
+    assert sum(" FINISHED: dev accuracy" in e for e in ends) == 3  # its log says so, too
     # a run tagged for a trial counts as its result only at the lr the trial drew: a new Optuna
     # storage (an archive imported elsewhere) numbers its trials afresh
     tagged = runs[3e-3].data.tags[TRIAL_TAG]
@@ -196,23 +198,26 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(
     assert lrstudy._run_of(trial_cfg.tracking, name, [int(number)], 5e-3) is None
     # each trial's run names the range its lr was drawn from
     assert {json.loads(r.data.tags[RANGE_TAG]) == [1e-7, 1e-2] for r in runs.values()} == {True}
-    assert ": 3 trials, 1 pruned, 1 of 6 epochs saved" in said.err
+    assert ": 4 trials, 1 pruned, 1 of 8 epochs saved" in said.err
     row = next(line for line in said.out.splitlines() if "| bitfit |" in line)
-    assert "| 2 | 1 | 1 |" in row and pruned.info.run_id not in row
+    assert "| 3 | 1 | 1 |" in row and pruned.info.run_id not in row
     cfg = study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1])
     found = best(study_cli.study_of(cfg))
-    assert (found.trials, found.pruned, found.epochs_saved) == (2, 1, 1)
+    assert (found.trials, found.pruned, found.epochs_saved) == (3, 1, 1)
     with open_dict(cfg):
         cfg.lr_study.freeze = ["bitfit"]
-    assert tuned_lr(cfg, "x").run_id in {runs[3e-3].info.run_id, runs[1e-3].info.run_id}
+    assert tuned_lr(cfg, "x").run_id == best(study_cli.study_of(cfg)).run_id
     # a tie goes to the earliest trial, as Optuna's best_trial picks: the grid's lr and the
     # study's summary agree, whatever order the store returns the trials in
-    first, later = sorted((runs[3e-3], runs[1e-3]), key=lambda r: r.info.start_time)
-    tied = first.data.metrics["best_dev_accuracy"]
-    MlflowClient(store).log_metric(later.info.run_id, "best_dev_accuracy", tied, step=10**6)
+    first, *later = sorted(
+        (runs[lr] for lr in (3e-3, 1e-3, drawn)), key=lambda r: r.info.start_time
+    )
+    tied = max(r.data.metrics["best_dev_accuracy"] for r in runs.values())
+    for r in (first, *later):
+        MlflowClient(store).log_metric(r.info.run_id, "best_dev_accuracy", tied, step=10**6)
     assert tuned_lr(cfg, "x").run_id == first.info.run_id
     assert best(study_cli.study_of(cfg)).run_id == first.info.run_id
-    _continues_after_import(slice_root, archive, args, said.err, tmp_path, capsys, caplog)
+    _continues_after_import(slice_root, archive, args, said.err, drawn, tmp_path, capsys, caplog)
 
 
 def _imported(archive: Path, folder: Path) -> str:
@@ -223,10 +228,10 @@ def _imported(archive: Path, folder: Path) -> str:
     return store
 
 
-def _continues_after_import(slice_root, archive, args, said, tmp_path, capsys, caplog):
-    """The study of ``args`` (3e-3, 1e-3, then 1e-7 pruned), exported to ``archive``, imported
-    into a new store: its new Optuna storage is seeded from the imported trial runs, so the same
-    command trains only the trials it lacks."""
+def _continues_after_import(slice_root, archive, args, said, drawn, tmp_path, capsys, caplog):
+    """The study of ``args`` (3e-3, 1e-3, then 1e-7 pruned, then one drawn), exported to
+    ``archive``, imported into a new store: its new Optuna storage is seeded from the imported
+    trial runs, so the same command trains only the trials it lacks."""
     complete, pruned, fail = (optuna.trial.TrialState[s] for s in ("COMPLETE", "PRUNED", "FAIL"))
     line = next(x for x in said.splitlines() if x.startswith("study "))
     store = _imported(archive, tmp_path / "b")
@@ -237,7 +242,7 @@ def _continues_after_import(slice_root, archive, args, said, tmp_path, capsys, c
     out = capsys.readouterr()
     assert {r.info.run_id for r in logged_runs(store)} == {r.info.run_id for r in runs.values()}
     assert line in out.err.splitlines()  # the same study: no trial trained again
-    seeded_line = "seeded 3 trials (1 pruned) from the tracking store's runs; range [1e-07, 0.01]"
+    seeded_line = "seeded 4 trials (1 pruned) from the tracking store's runs; range [1e-07, 0.01]"
     assert any(seeded_line in r.getMessage() for r in caplog.records)
     cfg = study_cli.compose_trial("bitfit", study_cli.for_studies(args_b)[1])
     before = study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1])
@@ -246,7 +251,7 @@ def _continues_after_import(slice_root, archive, args, said, tmp_path, capsys, c
     seeded = lrstorage.open_study(cfg).trials
     name = lrstorage.study_name(cfg)
     assert [(t.number, t.state, t.params["lr"]) for t in seeded] == [
-        (0, complete, 3e-3), (1, complete, 1e-3), (2, pruned, 1e-7),
+        (0, complete, 3e-3), (1, complete, 1e-3), (2, pruned, 1e-7), (3, complete, drawn),
     ]  # fmt: skip
     for t in seeded:  # each its run's trial: value, per-epoch dev metric, epochs, range
         run = runs[t.params["lr"]]
@@ -268,10 +273,10 @@ def _continues_after_import(slice_root, archive, args, said, tmp_path, capsys, c
         study_cli.compose_trial("bitfit", study_cli.for_studies(args_c)[1])
     ).trials
     assert [(t.number, t.state) for t in trials[:3]] == [(0, complete), (1, fail), (2, pruned)]
-    assert len(trials) == 4 and trials[3].state == complete
-    tagged = [r for r in logged_runs(store) if r.data.tags[TRIAL_TAG].endswith(":3")]
-    assert len(logged_runs(store)) == 4 and len(tagged) == 1  # the three imported, one new
-    assert float(tagged[0].data.params["trainer.lr"]) == trials[3].params["lr"]
+    assert len(trials) == 5 and trials[3].state == trials[4].state == complete
+    tagged = [r for r in logged_runs(store) if r.data.tags[TRIAL_TAG].endswith(":4")]
+    assert len(logged_runs(store)) == 5 and len(tagged) == 1  # the four imported, one new
+    assert float(tagged[0].data.params["trainer.lr"]) == trials[4].params["lr"]
     assert MlflowClient(store).get_run(failed.info.run_id).info.status == "FAILED"
 
 

@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 
 import optuna
+import pytest
 from helpers.runs import slice_overrides
 from helpers.store import logged_runs, new_store
 from mlflow import MlflowClient
 
 from ablate.archive.__main__ import main as archive_main
-from ablate.lrstudy import PRUNED_TAG, RANGE_TAG, TRIAL_TAG
+from ablate.lrstudy import CHECK, CHECK_TAG, PRUNED_TAG, RANGE_TAG, TRIAL_TAG
 from ablate.lrstudy import cli as study_cli
 from ablate.lrstudy import storage as lrstorage
+from ablate.lrstudy import study as lrstudy
 from ablate.lrstudy.seed import widenings
 
 EXPERIMENT = "t-lr-seed"
@@ -47,9 +49,11 @@ def _by_lr(store: str) -> dict[float, object]:
 
 
 def _logged_trial(client: MlflowClient, exp: str, tag: str, lr: float, span, dev: list[float]):
-    """A run as a trial of the study logs it: its lr, trial and range tags, dev metric per
-    epoch, best dev metric; FINISHED."""
-    run = client.create_run(exp, tags={TRIAL_TAG: tag, RANGE_TAG: json.dumps(span)})
+    """A run as a trial of the study logs it: its lr, study, trial and range tags, dev metric
+    per epoch, best dev metric; FINISHED."""
+    study = tag.rpartition(":")[0].rpartition("-")[0]
+    tags = {TRIAL_TAG: tag, RANGE_TAG: json.dumps(span), "study": study}
+    run = client.create_run(exp, tags=tags)
     client.log_param(run.info.run_id, "trainer.lr", repr(lr))
     for epoch, value in enumerate(dev, 1):
         client.log_metric(run.info.run_id, "dev_accuracy", value, step=epoch)
@@ -96,3 +100,47 @@ def test_a_widened_study_is_seeded_with_its_widest_range_and_its_widenings(slice
     assert widenings([1e-5, 1e-3], [1e-5, 1e-3]) == 0
     assert widenings([1e-5, 1e-3], [1e-7, 1e-2]) == 3
     assert widenings([1e-5, 1e-3], [1e-5, 5e-3]) is None  # no widening of the study's range
+
+
+@pytest.mark.heavy
+def test_a_pruned_neighbour_of_the_best_trains_again_unpruned_and_is_seeded_so(
+    slice_root, tmp_path, capsys
+):
+    store = new_store(tmp_path)
+    args = [*_args(slice_root, store, tmp_path), "lr_study.trials=2"]
+    args.remove("lr_study.trials=3")
+    cfg = _cfg(args)
+    name = lrstorage.study_name(cfg)
+    client = MlflowClient(store)
+    exp = client.create_experiment(EXPERIMENT)
+    # two trials trained out (the best at 3e-3), and one pruned just above the best
+    _logged_trial(client, exp, f"{name}:0", 3e-3, [1e-7, 1e-2], [0.9, 0.95])
+    _logged_trial(client, exp, f"{name}:1", 1e-4, [1e-7, 1e-2], [0.9, 0.9])
+    pruned = _logged_trial(client, exp, f"{name}:2", 5e-3, [1e-7, 1e-2], [0.1])
+    client.set_tag(pruned, PRUNED_TAG, "true")
+    client.set_terminated(pruned, status="KILLED")
+
+    # the study has its 2 finished trials, but one pruned beside its best: 5e-3 trains again,
+    # and out, though the median of the others' first epoch (0.9) would prune it at once
+    assert study_cli.main(args) == 0
+    said = capsys.readouterr().err
+    line = next(x for x in said.splitlines() if x.startswith("study "))
+    assert line.endswith("1 pruned beside the best trained again; lr range [1e-07, 0.01]")
+    check = _by_lr(store)
+    again = [r for r in logged_runs(store, EXPERIMENT) if CHECK_TAG in r.data.tags]
+    assert len(again) == 1 and again[0].data.tags[CHECK_TAG] == "2"
+    run = again[0]
+    assert float(run.data.params["trainer.lr"]) == 5e-3 and run.info.status == "FINISHED"
+    assert PRUNED_TAG not in run.data.tags and run.data.metrics["best_dev_accuracy"] < 0.9
+    study = lrstorage.open_study(cfg)
+    assert [(t.state, t.user_attrs.get(CHECK)) for t in study.trials] == [
+        (COMPLETE, None), (COMPLETE, None), (PRUNED, None), (COMPLETE, 2),
+    ]  # fmt: skip
+    assert lrstudy.target(study, cfg.lr_study) == 3 and not lrstudy.neighbours_to_check(study)
+
+    # a new Optuna storage (an archive's import) is seeded with the check as one: nothing trains
+    (tmp_path / "lr_study.db").unlink()
+    assert study_cli.main(args) == 0
+    assert line in capsys.readouterr().err.splitlines()
+    assert _by_lr(store).keys() == check.keys()
+    assert lrstorage.open_study(cfg).trials[3].user_attrs[CHECK] == 2

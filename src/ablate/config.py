@@ -266,7 +266,9 @@ class LrStudyConfig:
         None, "MLflow experiment of those studies' trials; null = `tracking.experiment`"
     )
     trials: int = _study_key(
-        6, "finished or pruned trials a study wants (each widening of its range: half as many more)"
+        6,
+        "trials a study trains out (pruned ones come on top; each widening of its range: half "
+        "as many more)",
     )
     range: list[float] = _study_key([1e-5, 1e-3], "[low, high] lr a study searches (log scale)")
     storage: str | None = _study_key(

@@ -19,6 +19,10 @@ PRUNED_TAG = "ablate.pruned"  # "true" on a pruned trial's run (ended KILLED, no
 PRUNED_EPOCH_TAG = "ablate.pruned_epoch"  # the last epoch it trained
 # the [low, high] lr range (JSON) the trial's lr was drawn from: the study's, widened or not
 RANGE_TAG = "ablate.lr_range"
+# a trial that trains a pruned neighbour of its study's best again, unpruned: the Optuna user
+# attribute and the MLflow tag of its run, both the pruned trial's number
+CHECK = "checks"
+CHECK_TAG = "ablate.lr_checks"
 
 # a trial's training reports to its study through a training plugin, registered by name: the
 # study's own process, which imports this package, loads no torch or transformers

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from transformers import TrainerCallback
 
 from ablate.lrstudy import (
+    CHECK_TAG,
     PRUNED_EPOCH_TAG,
     PRUNED_TAG,
     RANGE_TAG,
@@ -52,10 +53,14 @@ def callbacks(
     from ablate.lrstudy.storage import open_storage
 
     storage = open_storage(trial["storage"])
-    study = optuna.load_study(study_name=trial["study"], storage=storage, pruner=pruner(lr_study))
+    checks = trial.get("checks")  # it trains a pruned trial's lr again: never pruned itself
+    cuts = pruner(lr_study) if checks is None else optuna.pruners.NopPruner()
+    study = optuna.load_study(study_name=trial["study"], storage=storage, pruner=cuts)
     # how the study finds it, and the range its lr came from (the study widens between trials)
     searched = json.dumps(study.user_attrs.get("range"))
     record.tags({TRIAL_TAG: f"{trial['study']}:{trial['number']}", RANGE_TAG: searched})
+    if checks is not None:
+        record.tags({CHECK_TAG: str(checks)})
     report = ReportToStudy(optuna.Trial(study, trial["trial_id"]), record, primary)
     return [report] if threads else [report, ShareCpus(study, trial["number"], record)]
 

@@ -20,6 +20,8 @@ from optuna.trial import TrialState
 
 from ablate import tasks
 from ablate.lrstudy import (
+    CHECK,
+    CHECK_TAG,
     PRUNED_EPOCH_TAG,
     RANGE_TAG,
     TRIAL_TAG,
@@ -63,6 +65,17 @@ def _cut(tags) -> bool:
     return pruned(tags) or diverged_epoch(tags) is not None
 
 
+def _marks(tags) -> dict:
+    """The trial's user attributes its run's tags record: the pruned trial it checks, the epoch
+    it diverged in (``ablate.lrstudy.study`` reads both)."""
+    marks = {}
+    if CHECK_TAG in tags:
+        marks[CHECK] = int(tags[CHECK_TAG])
+    if (epoch := diverged_epoch(tags)) is not None:
+        marks["diverged"] = epoch
+    return marks
+
+
 def _span(run) -> list[float] | None:
     """The [low, high] range the run's lr was drawn from (its ``RANGE_TAG``), if it names one."""
     try:
@@ -104,7 +117,7 @@ def _trial(run, cfg: TrainCore, configured: list[float], metric: str, client: Ml
         value=None if cut else run.data.metrics[f"best_dev_{metric}"],
         params={"lr": lr},
         distributions={"lr": dist},
-        user_attrs={"epochs": epochs, "seeded_from_run": run.info.run_id},
+        user_attrs={"epochs": epochs, "seeded_from_run": run.info.run_id, **_marks(run.data.tags)},
         intermediate_values=history,
     )
     if run.info.end_time:  # the run's own times, naive local as Optuna's own

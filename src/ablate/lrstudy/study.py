@@ -48,6 +48,7 @@ from omegaconf import OmegaConf
 from ablate import tasks
 from ablate.errors import AblateError
 from ablate.lrstudy import (
+    CHECK,
     PRUNED_EPOCH_TAG,
     TRIAL_ENV,
     TRIAL_TAG,
@@ -68,13 +69,13 @@ log = logging.getLogger("ablate")
 
 PRESET = "lr_study=trial"  # the trials' settings: conf/lr_study/trial.yaml
 POLL_S = 5.0  # how often a worker waiting on others' trials looks again
-COUNTED = (
+ENDED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+ASKED = (  # the trials that are, or may become, finished ones
     optuna.trial.TrialState.COMPLETE,
-    optuna.trial.TrialState.PRUNED,
     optuna.trial.TrialState.RUNNING,
     optuna.trial.TrialState.WAITING,
 )
-ENDED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+CUT_LIMIT = 2  # pruned or diverged trials, per finished trial wanted, before a study gives up
 
 
 class Surplus(Exception):
@@ -93,13 +94,15 @@ class Summary:
     range: tuple[float, float]
     widened: int
     best_lr: float | None
+    checked: int = 0  # pruned neighbours of the best trained again unpruned
 
     def line(self) -> str:
         widened = f", widened {self.widened}x" if self.widened else ""
+        checked = f", {self.checked} pruned beside the best trained again" if self.checked else ""
         return (
             f"study {self.name}: {self.trials} trials, {self.pruned} pruned, {self.epochs_saved} "
-            f"of {self.epochs} epochs saved; lr range [{self.range[0]:g}, {self.range[1]:g}]"
-            f"{widened}"
+            f"of {self.epochs} epochs saved{checked}; lr range [{self.range[0]:g}, "
+            f"{self.range[1]:g}]{widened}"
         )
 
 
@@ -122,9 +125,59 @@ def check(cfg: TrainCore) -> None:
 
 
 def target(study: optuna.Study, lr_study: LrStudyConfig) -> int:
-    """Finished or pruned trials the study wants: ``lr_study.trials``, half as many more per
-    widening."""
-    return lr_study.trials + study.user_attrs.get("widened", 0) * math.ceil(lr_study.trials / 2)
+    """Finished (unpruned) trials the study wants: ``lr_study.trials``, half as many more per
+    widening, and one more per pruned neighbour of its best trained again unpruned
+    (``neighbours_to_check``)."""
+    widened = study.user_attrs.get("widened", 0) * math.ceil(lr_study.trials / 2)
+    return lr_study.trials + widened + len(_checks(study))
+
+
+def _checks(study: optuna.Study) -> set[int]:
+    """The pruned trials the study has trained (or queued) again unpruned, by number."""
+    return {
+        t.user_attrs[CHECK]
+        for t in study.get_trials(deepcopy=False)
+        if CHECK in t.user_attrs and t.state != optuna.trial.TrialState.FAIL
+    }
+
+
+def neighbours_to_check(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The pruned trials next to the best by lr (no finished trial between them and it, on
+    either side) that no unpruned trial checked yet. Median pruning judges a trial on its
+    first epochs, where a high lr may still lag and then win: the region beside the best must be
+    known from trials trained out, not from ones cut short. A diverged trial needs no check."""
+    ended = study.get_trials(deepcopy=False, states=ENDED)
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in ended):
+        return []
+    best, checked = study.best_trial, _checks(study)
+    order = sorted(ended, key=lambda t: (t.params["lr"], t.number))
+    at = next(i for i, t in enumerate(order) if t.number == best.number)
+    found = []
+    for side in (reversed(order[:at]), order[at + 1 :]):
+        for t in side:
+            if t.state == optuna.trial.TrialState.COMPLETE or "diverged" in t.user_attrs:
+                break
+            if t.number not in checked:
+                found.append(t)
+                break
+    return found
+
+
+def _check(study: optuna.Study, lr_study: LrStudyConfig) -> bool:
+    """Queue an unpruned trial at the lr of each pruned neighbour of the best
+    (``neighbours_to_check``); whether it did."""
+    found = neighbours_to_check(study)
+    for t in found:
+        log.info(
+            "lr study %s: trial %d (lr %.3g) was pruned beside the best (%.3g): it trains "
+            "again, unpruned",
+            study.study_name,
+            t.number,
+            t.params["lr"],
+            study.best_trial.params["lr"],
+        )
+        study.enqueue_trial({"lr": t.params["lr"]}, user_attrs={CHECK: t.number})
+    return bool(found)
 
 
 def run(cfg: TrainCore, overrides: list[str], folder: Path) -> Summary:
@@ -144,13 +197,25 @@ def run(cfg: TrainCore, overrides: list[str], folder: Path) -> Summary:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
         states = [t.state for t in study.get_trials(deepcopy=False)]
-        ended = sum(s in ENDED for s in states)
+        finished = states.count(optuna.trial.TrialState.COMPLETE)
+        cut = states.count(optuna.trial.TrialState.PRUNED)
         running = states.count(optuna.trial.TrialState.RUNNING)
-        queued = states.count(optuna.trial.TrialState.WAITING)  # retries of killed trials
-        if ended >= target(study, cfg.lr_study):
-            if not _widen(study, cfg.lr_study):
+        # retries of killed trials, and pruned neighbours of the best to train again
+        queued = states.count(optuna.trial.TrialState.WAITING)
+        wanted = target(study, cfg.lr_study)
+        if finished >= wanted and not running:
+            if not _widen(study, cfg.lr_study) and not _check(study, cfg.lr_study):
                 return summary(study, cfg.trainer)
-        elif ended + running >= target(study, cfg.lr_study) and not queued:
+        elif cut >= CUT_LIMIT * wanted and not running:
+            log.warning(
+                "lr study %s: %d trials pruned or diverged, %d of %d finished: it stops here",
+                study.study_name,
+                cut,
+                finished,
+                wanted,
+            )
+            return summary(study, cfg.trainer)
+        elif finished + running >= wanted and not queued:
             time.sleep(POLL_S)  # other workers' trials: they may end, or die and be retried
         else:
             with warnings.catch_warnings():
@@ -162,7 +227,7 @@ def _trial(
     study: optuna.Study, trial: optuna.Trial, cfg: TrainCore, overrides: list[str], folder: Path
 ) -> float:
     """One trial: its lr, then its run (an earlier try's, or a new child process's)."""
-    ahead = [t for t in study.get_trials(deepcopy=False, states=COUNTED) if t.number < trial.number]
+    ahead = [t for t in study.get_trials(deepcopy=False, states=ASKED) if t.number < trial.number]
     if len(ahead) >= target(study, cfg.lr_study):
         raise Surplus(f"trial {trial.number}: the study had its trials; dropped unrun")
     frozen = study._storage.get_trial(trial._trial_id)
@@ -172,13 +237,15 @@ def _trial(
     low, high = study.user_attrs["range"]
     study.sampler = sampler(study.study_name, cfg, trial.number)
     lr = trial.suggest_float("lr", low, high, log=True)
+    checks = frozen.user_attrs.get(CHECK)  # a pruned trial's number: this one trains unpruned
     ended = _run_of(cfg.tracking, study.study_name, tries, lr)
     if ended is None:
         log.info(
-            "lr study %s: trial %d at lr %.3g (job folder %s)",
+            "lr study %s: trial %d at lr %.3g%s (job folder %s)",
             study.study_name,
             trial.number,
             lr,
+            "" if checks is None else f", unpruned (checks trial {checks})",
             job,
         )
         env = {
@@ -190,6 +257,7 @@ def _trial(
                     "trial_id": trial._trial_id,
                     "number": trial.number,
                     "driver": os.getpid(),
+                    "checks": checks,
                 }
             ),
         }
@@ -249,6 +317,7 @@ def _result(cfg: TrainCore, trial: optuna.Trial, run) -> float:
     run stays FAILED: nothing to resume)."""
     if (epoch := diverged_epoch(run.data.tags)) is not None:
         trial.set_user_attr("epochs", epoch)
+        trial.set_user_attr("diverged", epoch)
         raise optuna.TrialPruned()
     if pruned(run.data.tags):
         if run.info.status != "KILLED":
@@ -336,6 +405,7 @@ def summary(study: optuna.Study, trainer: TrainerCore) -> Summary:
         (span[0], span[1]),
         study.user_attrs.get("widened", 0),
         best,
+        len(_checks(study)),
     )
 
 
