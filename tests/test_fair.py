@@ -8,7 +8,7 @@ from helpers.store import logged_runs
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from ablate import docs, report
+from ablate import config, docs, report
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG
 from ablate.lrstudy import cli as study_cli
 from ablate.tracking.params import OPTION_KEYS_TAG, option_keys
@@ -27,7 +27,10 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     cfg = compose_cfg("experiment=fair")
     assert cfg.data.name == "naija" and cfg.skip_finished and cfg.tracking.experiment == "fair"
     zoo = ["ia3", "dora", "loha", "lokr", "adalora", "vera", "ln_tuning"]
-    assert list(cfg.lr_study.freeze) == ["features", "head_only", "bitfit", "lora", *zoo]
+    every = ["none", "features", "head_only", "bitfit", "lora", *zoo]
+    assert list(cfg.lr_study.freeze) == every  # full fine-tuning tuned alike
+    sweep = config.compose("experiment=fair", hydra=True).hydra.sweeper.params
+    assert sweep.freeze.split(",") == every and sweep.seed == "1,2,3,4,5"
     assert cfg.lr_study.experiment == "fair-lr"
     features = compose_cfg("experiment=fair", "freeze=features")
     assert features.model.head == "bilstm" and features.freeze.all and features.freeze.embeddings
@@ -39,7 +42,7 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     assert option_keys("gone") == set()
 
     options, overrides = study_cli.for_studies(["experiment=fair"])
-    assert options == ["features", "head_only", "bitfit", "lora", *zoo]
+    assert options == every
     assert overrides == ["experiment=fair", "lr_study.freeze=[]", "tracking.experiment=fair-lr"]
     trial = study_cli.compose_trial("lora", overrides)
     assert list(trial.lr_study.range) == [1e-5, 1e-2] and trial.lr_study.trials == 6
@@ -50,7 +53,10 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
     # on EWT: fair's protocol (range, lr studies' and runs' experiments), its own strategies
     ewt = compose_cfg("experiment=fair_ewt")
     assert ewt.data.name == "ewt" and ewt.tracking.experiment == "fair" and ewt.skip_finished
-    assert list(ewt.lr_study.freeze) == ["features", "bitfit", "lora", "loha", "dora"]
+    ewt_every = ["none", "features", "bitfit", "lora", "loha", "dora"]
+    assert list(ewt.lr_study.freeze) == ewt_every
+    sweep = config.compose("experiment=fair_ewt", hydra=True).hydra.sweeper.params
+    assert sweep.freeze.split(",") == ewt_every and sweep.seed == "1,2,3"
     assert (ewt.lr_study.experiment, list(ewt.lr_study.range)) == ("fair-lr", [1e-5, 1e-2])
     options, overrides = study_cli.for_studies(["experiment=fair_ewt"])
     assert options == list(ewt.lr_study.freeze)
@@ -87,7 +93,11 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     assert study_cli.main([*search_args, "freeze=ia3"]) == 0
     capsys.readouterr()
 
-    grid = ["--multirun", "experiment=fair", "freeze=none,features,ia3", "seed=1", *overrides]
+    # none untuned here (its study left out), to show a strategy at the recipe's lr beside them
+    grid = [
+        "--multirun", "experiment=fair", "freeze=none,features,ia3", "seed=1",
+        "lr_study.freeze=[features,ia3]", *overrides,
+    ]  # fmt: skip
     proc = run_cli(*grid)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = {r.data.params["freeze.name"]: r for r in logged_runs(store, "fair")}
