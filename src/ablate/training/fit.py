@@ -67,8 +67,7 @@ def fit(cfg: TrainCore, prep: Prepared, record: Recorder) -> dict[str, float]:
     primary = prep.task.primary_metric
     history = dev_history(trainer.state, primary)
     results: dict[str, float] = {
-        "train_runtime_s": out.metrics["train_runtime"],
-        "train_samples_per_s": out.metrics["train_samples_per_second"],
+        **_training_time(trainer, out.metrics),
         f"best_dev_{primary}": max(history),
         "best_epoch": history.index(max(history)) + 1,
         "stopped_epoch": round(trainer.state.epoch or 0),  # the last epoch trained
@@ -88,6 +87,19 @@ def fit(cfg: TrainCore, prep: Prepared, record: Recorder) -> dict[str, float]:
             keep.keep(cfg.model, prep.task, prep.applied.model, prep.tokenizer, record)
     checkpoints.remove(trainer.args.output_dir, record.resumed)
     return results
+
+
+def _training_time(trainer: CoreTrainer, trained: dict[str, float]) -> dict[str, float]:
+    """``train_runtime_s`` and ``train_samples_per_s`` of the whole run: the Trainer's count only
+    this process's training, which for a run resumed after its last epoch is none at all."""
+    meter = next(c for c in trainer.callback_handler.callbacks if isinstance(c, SpeedMeter))
+    if not meter.earlier_s:
+        return {
+            "train_runtime_s": trained["train_runtime"],
+            "train_samples_per_s": trained["train_samples_per_second"],
+        }
+    runtime = meter.earlier_s + trained["train_runtime"]
+    return {"train_runtime_s": runtime, "train_samples_per_s": meter.samples / runtime}
 
 
 def quiet_libraries() -> contextlib.AbstractContextManager:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 
 @dataclass
@@ -106,11 +107,16 @@ def flop_model(
     return f1 / l1 - b * l1, b
 
 
-class SpeedMeter(TrainerCallback):
+class SpeedMeter(TrainerCallback, ExportableState):
     """Logs per epoch (step = epoch): ``train_tokens`` (non-pad), ``train_tokens_per_s``,
     ``padding_pct`` and ``dev_eval_time_s``; at the end ``train_flops`` (executed FLOPs of the
     run, padding included: two probes of a forward and backward, ``flop_model``), and with
     ``measure_flops`` also ``train_flops_per_epoch`` and ``train_flops_per_s``.
+
+    Each epoch checkpoint keeps the epochs measured so far and the training time spent
+    (``state``), so a resumed run's totals are the whole run's: ``earlier_s`` and ``samples``
+    give ``fit`` its ``train_runtime_s`` and ``train_samples_per_s``, and a run resumed after
+    its last epoch, which trains nothing itself, keeps its FLOPs.
     """
 
     def __init__(self, run, collator: CountingCollator, measure_flops: bool = False):
@@ -118,11 +124,35 @@ class SpeedMeter(TrainerCallback):
         self.collator = collator
         self.measure_flops = measure_flops
         self.epoch_stats: list[tuple[int, int, int, float]] = []  # real, padded, sum_bl2, seconds
+        self.earlier_s = 0.0  # training time of the processes before this one (a resumed run)
+        self.samples = 0.0  # training samples of the whole run, as the Trainer counts them
         self._t0 = 0.0
+        self._began: float | None = None  # when this process's training began
 
     @staticmethod
     def _epoch(state) -> int:
         return int(round(state.epoch or 0))
+
+    def state(self) -> dict:
+        """What an epoch checkpoint keeps of the meter (its ``trainer_state.json``); read back by
+        the meter itself as a resumed run begins, never by the Trainer, which would build a new
+        meter from it (``restore_callback_states_from_checkpoint`` stays off)."""
+        spent = 0.0 if self._began is None else time.perf_counter() - self._began
+        stats = [list(s) for s in self.epoch_stats]
+        return {
+            "args": {},
+            "attributes": {"epoch_stats": stats, "runtime_s": self.earlier_s + spent},
+        }
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        name = type(self).__name__
+        kept = (state.stateful_callbacks or {}).get(name) or {}  # a resumed run's checkpoint's
+        kept = kept.get("attributes", {}) if isinstance(kept, dict) else {}
+        self.epoch_stats = [tuple(s) for s in kept.get("epoch_stats", [])]
+        self.earlier_s = float(kept.get("runtime_s", 0.0))
+        # a checkpoint written before the meter kept its state has no entry to update
+        state.stateful_callbacks.setdefault(name, self.state())
+        self._began = time.perf_counter()
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.collator.stats.reset()
@@ -144,19 +174,22 @@ class SpeedMeter(TrainerCallback):
             self.run.metrics({"dev_eval_time_s": metrics["eval_runtime"]}, step=self._epoch(state))
 
     def on_train_end(self, args, state, control, model=None, train_dataloader=None, **kwargs):
-        if not self.epoch_stats or model is None:
-            return
         dataset = getattr(train_dataloader, "dataset", None)
         if dataset is None or not len(dataset):
             return
+        # the Trainer's count (its train_samples_per_second's), over every step of the run
+        steps = state.global_step / max(state.max_steps, 1)
+        self.samples = len(dataset) * args.num_train_epochs * steps
+        if not self.epoch_stats or model is None:
+            return
         a, b = flop_model(model, dataset, self.collator, args.device)  # stats inactive now
         flops = [a * padded + b * bl2 for _, padded, bl2, _ in self.epoch_stats]
-        per_epoch = sum(flops) / len(flops)
-        # executed training FLOPs of the whole run (a resumed run's earlier epochs as these)
-        metrics = {"train_flops": per_epoch * round(state.epoch or len(flops))}
+        # executed training FLOPs of the whole run, a resumed run's earlier epochs included
+        metrics = {"train_flops": sum(flops)}
         if self.measure_flops:
             seconds = sum(s for *_, s in self.epoch_stats)
             metrics.update(
-                train_flops_per_epoch=per_epoch, train_flops_per_s=sum(flops) / max(seconds, 1e-9)
+                train_flops_per_epoch=sum(flops) / len(flops),
+                train_flops_per_s=sum(flops) / max(seconds, 1e-9),
             )
         self.run.metrics(metrics)
