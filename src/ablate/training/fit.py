@@ -8,7 +8,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 import numpy as np
-from transformers import EarlyStoppingCallback, PrinterCallback
+from transformers import EarlyStoppingCallback, PrinterCallback, ProgressCallback
 
 from ablate import plugins
 from ablate.errors import AblateError
@@ -22,6 +22,7 @@ from ablate.training.arguments import training_arguments
 from ablate.training.callbacks import EpochLogger, SendEvaluated, StopDiverged, dev_history
 from ablate.training.meter import CountingCollator, SpeedMeter
 from ablate.training.prepare import Prepared
+from ablate.training.progress import TerminalProgress, log_above_bars
 from ablate.training.recorder import Recorder
 from ablate.training.resources import (
     PEAK_RSS_TAG,
@@ -55,7 +56,8 @@ def fit(cfg: TrainCore, prep: Prepared, record: Recorder) -> dict[str, float]:
         )
         record.tags({checkpoints.FOLDER_TAG: output_dir})
         record.info("speed", status)
-        out = trainer.train(resume_from_checkpoint=checkpoints.resume_from(record.resumed))
+        with log_above_bars(trainer):
+            out = trainer.train(resume_from_checkpoint=checkpoints.resume_from(record.resumed))
     diverged = next(c for c in trainer.callback_handler.callbacks if isinstance(c, StopDiverged))
     if diverged.verdict:  # nothing of it worth scoring, keeping or resuming
         checkpoints.remove(trainer.args.output_dir, record.resumed)
@@ -221,8 +223,11 @@ def build_trainer(
         trainer.optimizer = build_optimizer(trainer, applied.param_groups)
     if cfg.trainer.early_stopping_patience is not None:
         trainer.add_callback(EarlyStoppingCallback(cfg.trainer.early_stopping_patience))
-    # Without a terminal the Trainer prints each log dict (3 a epoch); EpochLogger logs one line.
+    # The Trainer prints each log dict (3 an epoch), where EpochLogger logs one line; its bars,
+    # there where stderr is a terminal (TrainingArguments.disable_tqdm), stay
     trainer.remove_callback(PrinterCallback)
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(TerminalProgress())
     trainer.add_callback(SendEvaluated(record))  # last: after every callback's evaluation records
     return trainer, status
 
