@@ -157,6 +157,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "speed-switches": speed_switches,
     "results-table": results.results_table,
     "results-reruns": functools.partial(results.results_table, rerun=True),
+    "results-deltas": results.results_deltas,
     "results-findings": results.results_findings,
     "results-best": results.results_best,
     "results-provenance": results.results_provenance,

@@ -5,6 +5,7 @@ provenance, findings and source, computed from each study's report (``summary.cs
 from __future__ import annotations
 
 import json
+import math
 
 from ablate.docs.redo import redone, reruns_said
 from ablate.docs.studies import (
@@ -16,7 +17,8 @@ from ablate.docs.studies import (
     still_said,
     study_dir,
 )  # fmt: skip
-from ablate.report.render import millions, share
+from ablate.report.delta import COLUMNS, disagreement
+from ablate.report.render import millions, p_value, share
 from ablate.report.summary import LR_FROM_STUDY
 from ablate.tables import code, inline, markdown_table
 
@@ -118,23 +120,85 @@ def results_findings(study: str = RESULTS) -> str:
         f"{_pct(base, 'test')} % test accuracy over seeds {inline(base['seeds'])}, training for "
         f"{float(base['train_time_s']):.0f} s."
     ]
-    for r in rows:
-        if r is base or not r["delta_dev_pt"]:
-            continue
-        delta = float(r["delta_dev_pt"])
-        ci = ""
-        if r["delta_ci_low_pt"]:
-            low, high = float(r["delta_ci_low_pt"]), float(r["delta_ci_high_pt"])
-            ci = f" (95 % CI {low:+.2f} to {high:+.2f})"
+    compared = [r for r in rows if r is not base and r["delta_dev_pt"]]
+    # McNemar's on each strategy's line where any has one, else said once for the study
+    some = any(not math.isnan(_number(r, "mcnemar_p")) for r in compared)
+    for r in compared:
         params, saved = share(float(r["param_savings_pct"]), 0), float(r["time_savings_pct"])
         time = f"{share(abs(saved), 0)} % {'less' if saved >= 0 else 'more'} training time"
         lines.append(
             f"- {code(r['strategy'])}{_at_lr(r)} trains {params} % fewer parameters in {time}"
-            f"{_timed(r)}, and scores {delta:+.2f} points of dev accuracy{ci}."
+            f"{_timed(r)}, and scores {_scored(r, 'dev')}{_on_test(r)}"
+            + (f" {_mcnemar_said(r)}" if some else "")
+        )
+    if not some and (tested := sorted({r.get("mcnemar_tested") or "" for r in compared} - {""})):
+        lines.append(
+            "- No McNemar test on test items: no seed has both its run's and full fine-tuning's "
+            f"test predictions held ({' or '.join(tested)} per strategy)."
         )
     if best := results_best(study):
         lines.append(f"- {best}")
     return "\n".join(lines)
+
+
+def _number(row: dict, key: str) -> float:
+    """A summary.csv value as a float: NaN where empty, or where the report predates the
+    column."""
+    value = row.get(key) or ""
+    return float(value) if value else math.nan
+
+
+def _scored(r: dict, split: str) -> str:
+    """A strategy's difference from full fine-tuning on ``split``, with its interval and its
+    Holm-adjusted p where the report has them."""
+    pt, low, high = (_number(r, c) for c in COLUMNS[split][:3])
+    said = []
+    if not math.isnan(low):
+        said.append(f"95 % CI {low:+.2f} to {high:+.2f}")
+    if not math.isnan(holm := _number(r, f"{COLUMNS[split][4]}_holm")):
+        said.append(f"Holm-adjusted p {p_value(holm)}")
+    return f"{pt:+.2f} points of {split} accuracy" + (f" ({', '.join(said)})" if said else "")
+
+
+def _on_test(r: dict) -> str:
+    """The difference on test beside dev's, and where the two disagree; nothing for a report
+    without test's columns."""
+    if math.isnan(_number(r, "delta_test_pt")):
+        return "."
+    dev, test = ((_number(r, c) for c in COLUMNS[split][:3]) for split in ("dev", "test"))
+    said = f" and {_scored(r, 'test')}"
+    if apart := disagreement(tuple(dev), tuple(test), bounds=False):
+        return f"{said}: dev and test disagree, {apart}."
+    return f"{said}."
+
+
+def _mcnemar_said(r: dict) -> str:
+    """McNemar's Holm-adjusted p on test items and on how many seeds it rests."""
+    if math.isnan(p := _number(r, "mcnemar_p_holm")):
+        return f"No McNemar test on test items ({r.get('mcnemar_tested') or 'no seed'} held)."
+    return f"McNemar on test items: Holm-adjusted p {p_value(p)} ({r['mcnemar_tested']})."
+
+
+def results_deltas(study: str = RESULTS) -> str:
+    """Each strategy against full fine-tuning on dev and on test, from the study's
+    ``summary.csv``: the paired differences with their 95 % intervals, their Holm-adjusted
+    p-values and McNemar's on test items."""
+    rows = []
+    for r in csv_rows(study):
+        if r["delta_method"] in ("baseline", "no baseline run"):
+            continue
+        cells = [code(r["strategy"])]
+        for split in ("dev", "test"):
+            pt, low, high = (_number(r, c) for c in COLUMNS[split][:3])
+            cells.append(f"{pt:+.2f}" + (f" [{low:+.2f}, {high:+.2f}]" if low == low else ""))
+            cells.append(p_value(_number(r, f"{COLUMNS[split][4]}_holm")))
+        tested = r.get("mcnemar_tested") or ""
+        cells.append(p_value(_number(r, "mcnemar_p_holm")) + (f" ({tested})" if tested else ""))
+        cells.append(inline(r.get("delta_test_method") or "–"))
+        rows.append(cells)
+    columns = ["strategy", "Δ dev (pt) [95 % CI]", "Holm p, dev", "Δ test (pt) [95 % CI]"]
+    columns += ["Holm p, test", "McNemar on test, Holm p (seeds)", "interval on test"]
+    return markdown_table(rows, columns, right=columns[1:-1])
 
 
 def results_best(study: str = RESULTS) -> str:

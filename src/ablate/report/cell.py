@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from ablate.report.delta import versus
 from ablate.report.stats import Predictions, bootstrap_interval, t_interval
 from ablate.report.timing import probe_spread, unloaded
 
@@ -85,8 +86,7 @@ def summary_row(
     else:
         row["dev_ci_method"] = f"none ({n} seed{'s' if n > 1 else ''}, {why})"
 
-    delta = {"delta_dev_pt": math.nan, "delta_ci_low_pt": math.nan, "delta_ci_high_pt": math.nan}
-    delta["delta_method"] = "no baseline run"
+    delta = {"delta_method": "no baseline run", "delta_test_method": "no baseline run"}
     if base is not None and len(base):
         b = base.set_index("seed")
         delta["param_savings_pct"] = 100 * (
@@ -97,31 +97,6 @@ def summary_row(
             1 - row["train_time_s"] / unloaded(base).train_time_s.mean(skipna=False)
         )
         delta["speed_spread"] = probe_spread([timed.cpu_gflops, unloaded(base).cpu_gflops])
-        paired = cell[cell.seed.isin(b.index)]
-        diffs = (paired.dev.to_numpy() - b.loc[paired.seed, "dev"].to_numpy()) * 100
-        if cell.run_id.isin(base.run_id).all():
-            delta.update(delta_dev_pt=0.0, delta_method="baseline")
-        elif len(paired) >= 3:
-            mean, lo, hi = t_interval(diffs)
-            method = f"paired t over {len(paired)} seeds"
-            delta.update(delta_dev_pt=mean, delta_ci_low_pt=lo, delta_ci_high_pt=hi)
-            delta["delta_method"] = method
-        elif len(paired):
-            delta["delta_dev_pt"] = float(diffs.mean())
-            ids = [*paired.run_id, *b.loc[paired.seed, "run_id"]]
-            correct = preds.correct(ids) if per_item else None
-            if correct is not None:
-                k = len(paired)
-                per_item_diff = np.mean(correct[:k], axis=0) - np.mean(correct[k:], axis=0)
-                lo, hi = bootstrap_interval(per_item_diff * 100, **boot)
-                delta.update(delta_ci_low_pt=lo, delta_ci_high_pt=hi)
-                s = "s" if k > 1 else ""
-                delta["delta_method"] = f"paired bootstrap over {items} ({k} seed{s})"
-            else:
-                s = "s" if len(paired) > 1 else ""
-                delta["delta_method"] = f"none ({len(paired)} paired seed{s}, {why})"
-        else:
-            delta["delta_dev_pt"] = dev.mean() - b.dev.mean() * 100
-            delta["delta_method"] = "none (no seed in common with the baseline; unpaired means)"
+        delta.update(versus(cell, base, preds, boot))
     row.update(delta)
     return row

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ablate.config import project_root
 from ablate.report.cell import LR_FROM_STUDY
+from ablate.report.delta import BASELINE_METHOD, COLUMNS
 from ablate.report.recipe import heading
 from ablate.report.stats import N_BOOT
 from ablate.report.summary import Report
@@ -61,6 +62,32 @@ def share(pct: float, digits: int = 1) -> str:
     return text
 
 
+def p_value(p: float) -> str:
+    """A p-value as a table shows it: three decimals, or one significant digit below 0.001."""
+    if p is None or math.isnan(p):
+        return "–"
+    return f"{p:.0e}" if p < 0.001 else f"{p:.3f}"
+
+
+def _delta(r, split: str) -> str:
+    """A summary row's difference from the baseline on ``split``, with its interval."""
+    pt, low, high, method, _ = (getattr(r, c) for c in COLUMNS[split])
+    if method == BASELINE_METHOD:
+        return "baseline"
+    said = _num(pt, sign=True)
+    if not math.isnan(low):
+        said += f" [{_num(low, sign=True)}, {_num(high, sign=True)}]"
+    return said
+
+
+def _mcnemar(r) -> str:
+    """McNemar's Holm-adjusted p and how many of the paired seeds it rests on."""
+    if r.delta_method == BASELINE_METHOD:
+        return ""
+    tested = r.mcnemar_tested if isinstance(r.mcnemar_tested, str) else ""
+    return p_value(r.mcnemar_p_holm) + (f" ({tested})" if tested else "")
+
+
 def _lr(lr: float, source: str) -> str:
     if lr is None or math.isnan(lr):
         return "–"
@@ -75,15 +102,9 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
     marks = loaded(s).map({True: " *", False: ""})
     saving_marks = savings_loaded(s).map({True: " *", False: ""})
     for r, mark, saving_mark in zip(s.itertuples(), marks, saving_marks, strict=True):
+        baseline = r.delta_method == BASELINE_METHOD
         dev = _num(r.dev_mean_pct)
         dev += f" ± {_num(r.dev_std_pct)}" if r.n > 1 else " (1 seed)"
-        if r.delta_method == "baseline":
-            delta = "baseline"
-        else:
-            delta = _num(r.delta_dev_pt, sign=True)
-            if not math.isnan(r.delta_ci_low_pt):
-                delta += f" [{_num(r.delta_ci_low_pt, sign=True)}, "
-                delta += f"{_num(r.delta_ci_high_pt, sign=True)}]"
         out.append(
             {
                 "dataset": r.panel,
@@ -100,11 +121,24 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
                 "train FLOPs": "–" if math.isnan(r.train_flops) else f"{r.train_flops:.3g}",
                 "wall time (s)": _num(r.wall_s, 0) + mark,
                 "peak memory (MiB)": _num(r.peak_rss_mb, 0) + (" †" if r.peak_rss_carried else ""),
-                f"Δ dev vs {b} (pt) [95 % CI]": delta,
-                "interval": r.delta_method if r.delta_method != "baseline" else "",
+                f"Δ dev vs {b} (pt) [95 % CI]": _delta(r, "dev"),
+                f"Δ test vs {b} (pt) [95 % CI]": _delta(r, "test"),
+                "Holm p, Δ dev": "" if baseline else p_value(r.delta_dev_p_holm),
+                "Holm p, Δ test": "" if baseline else p_value(r.delta_test_p_holm),
+                "McNemar on test, Holm p (seeds)": _mcnemar(r),
+                "interval": _intervals(r),
             }
         )
     return pd.DataFrame(out)
+
+
+def _intervals(r) -> str:
+    """How the intervals on dev and test were made: one method where both share it."""
+    if r.delta_method == BASELINE_METHOD:
+        return ""
+    if r.delta_test_method == r.delta_method:
+        return r.delta_method
+    return f"dev: {r.delta_method}; test: {r.delta_test_method}"
 
 
 LOADED_MARK = (
@@ -133,7 +167,7 @@ def _legend(t: pd.DataFrame) -> list[str]:
 
 # The columns of a short summary (a sweep's description in MLflow's narrow box), by the start
 # of their names: the metric's and the baseline's names are in them.
-SHORT = ("strategy", "dev ", "test ", "trainable params", "train time", "Δ dev")
+SHORT = ("strategy", "dev ", "test ", "trainable params", "train time", "Δ dev", "Δ test")
 
 
 def tables(report: Report, short: bool = False) -> str:
@@ -153,7 +187,7 @@ def tables(report: Report, short: bool = False) -> str:
 def markdown(report: Report, charts: bool = True) -> str:
     """``summary.md``: a table per dataset under a heading that names its settings (what differs
     from the defaults), how intervals were made, charts, runs left out."""
-    src = report.source
+    src, b = report.source, report.baseline
     filters = ", ".join(f"{k}={v}" for k, v in src.items() if k not in ("uri", "experiment"))
     lines = [
         "# ablate comparison report",
@@ -180,13 +214,18 @@ def markdown(report: Report, charts: bool = True) -> str:
         "features' one-off forward): machine-independent, unlike the times, "
         "which depend on the machine and on what else ran on it: they leave out runs measured "
         "on a loaded machine where the strategy has others (`timed_seeds` in summary.csv), and "
-        f"a * marks times that only loaded runs measured. Δ vs `{report.baseline}` is paired by "
-        "seed: a t-interval of the "
-        "per-seed differences with 3 or more seeds, otherwise a percentile bootstrap over dev "
-        f"items (words or sentences; {N_BOOT} resamples, fixed RNG seed) when the runs logged "
-        "their dev predictions; "
-        "that bootstrap covers the choice of dev sentences, not seed-to-seed variation (the ± std "
-        "shows that): run 3 or more seeds for an interval over seeds. The lr is the recipe's "
+        f"a * marks times that only loaded runs measured. Δ vs `{b}`, on dev and on test, is "
+        "paired by seed: a t-interval of the per-seed differences with 3 or more seeds, "
+        "otherwise a percentile bootstrap over the split's items (words or sentences; "
+        f"{N_BOOT} resamples, fixed RNG seed) when the runs logged their predictions on it; "
+        "that bootstrap covers the choice of sentences, not seed-to-seed variation (the ± std "
+        "shows that): run 3 or more seeds for an interval over seeds. McNemar's exact test "
+        "(a binomial test of the items only one of the two runs got right) compares each "
+        f"seed's run with `{b}`'s run of that seed on test items, where both runs' test "
+        "predictions are held; its p is the largest of those seeds' (they share their test "
+        "items, so their p-values are not independent, and combining them would overstate the "
+        "evidence). Each p-value (the paired t's on dev and on test, McNemar's) is "
+        f"Holm-adjusted across the strategies a table compares with `{b}`. The lr is the recipe's "
         "(`trainer.lr`) unless marked as picked on dev by the strategy's own lr study "
         "(`lr_study`, `python -m ablate.lrstudy`).",
         "",

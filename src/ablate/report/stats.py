@@ -1,5 +1,6 @@
-"""Intervals (scipy.stats) and the per-item correctness they resample: Student-t over seeds,
-percentile bootstrap over dev items from each run's logged predictions."""
+"""Intervals and tests (scipy.stats) and the per-item correctness they read: Student-t over
+seeds, percentile bootstrap over items from each run's logged predictions, McNemar's exact test
+between two runs' predictions, Holm's adjustment of a family of p-values."""
 
 from __future__ import annotations
 
@@ -62,12 +63,50 @@ def bootstrap_interval(
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def load_predictions(uri: str, run_id: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Dev gold and predicted label ids of a run (``predictions/dev.json``), or None if absent."""
+def t_test_p(values: Sequence[float]) -> float:
+    """Two-sided p-value of Student's t-test that the mean of ``values`` is 0 (the test behind
+    ``t_interval``: its interval excludes 0 exactly where p < 1 - level); NaN for fewer than 2."""
+    x = np.asarray(values, dtype=float)
+    if x.size < 2:
+        return math.nan
+    if np.all(x == x[0]):  # no spread: scipy's t is undefined; the interval is the point
+        return 1.0 if x[0] == 0 else 0.0
+    return float(stats.ttest_1samp(x, 0.0).pvalue)
+
+
+def mcnemar_p(ours: np.ndarray, theirs: np.ndarray) -> tuple[int, int, float]:
+    """McNemar's exact test between two runs scored on the same items (``ours``, ``theirs``:
+    correctness, 0/1 per item): the items only ours got right, those only theirs got right, and
+    the two-sided binomial p-value of that split (1 where they never disagree)."""
+    ours, theirs = np.asarray(ours, dtype=bool), np.asarray(theirs, dtype=bool)
+    only_ours, only_theirs = int((ours & ~theirs).sum()), int((~ours & theirs).sum())
+    if only_ours + only_theirs == 0:
+        return 0, 0, 1.0
+    return only_ours, only_theirs, float(stats.binomtest(only_ours, only_ours + only_theirs).pvalue)
+
+
+def holm(p_values: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjustment of a family of p-values (NaN ones are not in the family and
+    stay NaN). Written here: scipy has no Holm, and statsmodels is not a dependency."""
+    p = np.asarray(p_values, dtype=float)
+    out = np.full(p.shape, math.nan)
+    known = np.flatnonzero(~np.isnan(p))
+    order = known[np.argsort(p[known], kind="stable")]
+    m = order.size
+    # the i-th smallest (from 0) times the m - i hypotheses left, never below an earlier one's
+    out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+    return out
+
+
+def load_predictions(
+    uri: str, run_id: str, split: str = "dev"
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Gold and predicted label ids of a run on ``split`` (``predictions/<split>.json``), or None
+    if absent."""
     client = MlflowClient(tracking_uri=uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = client.download_artifacts(run_id, "predictions/dev.json", tmp)
+            path = client.download_artifacts(run_id, f"predictions/{split}.json", tmp)
             ids = json.loads(Path(path).read_text())
         except (MlflowException, OSError, ValueError):
             return None
@@ -75,20 +114,21 @@ def load_predictions(uri: str, run_id: str) -> tuple[np.ndarray, np.ndarray] | N
 
 
 class Predictions:
-    """Per-run dev predictions, loaded once and only for the rows that need a bootstrap."""
+    """Per-run predictions on dev or test, each loaded once and only where a row needs it."""
 
     def __init__(self, uri: str, enabled: bool):
         self.uri, self.enabled, self.cache = uri, enabled, {}
 
-    def correct(self, run_ids: Sequence[str]) -> list[np.ndarray] | None:
-        """Word-level correctness (0/1) of each run, or None unless all share the same gold."""
+    def correct(self, run_ids: Sequence[str], split: str = "dev") -> list[np.ndarray] | None:
+        """Item-level correctness (0/1) of each run on ``split``, or None unless every run logged
+        its predictions there and all share the same gold."""
         if not self.enabled:
             return None
         loaded = []
         for run_id in run_ids:
-            if run_id not in self.cache:
-                self.cache[run_id] = load_predictions(self.uri, run_id)
-            loaded.append(self.cache[run_id])
+            if (run_id, split) not in self.cache:
+                self.cache[run_id, split] = load_predictions(self.uri, run_id, split)
+            loaded.append(self.cache[run_id, split])
         if any(p is None for p in loaded):
             return None
         gold = loaded[0][0]

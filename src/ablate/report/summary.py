@@ -20,6 +20,7 @@ from ablate.errors import AblateError
 from ablate.report import recipe
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
 from ablate.report.cell import summary_row
+from ablate.report.delta import adjust, disagreements
 from ablate.report.load import Runs, describe_source, load_runs
 from ablate.report.stats import N_BOOT, Predictions
 from ablate.report.timing import time_notes
@@ -239,6 +240,11 @@ _SUMMARY_COLUMNS = [
     "wall_s", "peak_rss_mb", "peak_rss_carried", "train_flops", "load_per_cpu",
     "jobs_on_gpu", "busy_cpus_at_start",
     "delta_dev_pt", "delta_ci_low_pt", "delta_ci_high_pt", "delta_method",
+    "delta_dev_p", "delta_dev_p_holm",
+    "delta_test_pt", "delta_test_ci_low_pt", "delta_test_ci_high_pt", "delta_test_method",
+    "delta_test_p", "delta_test_p_holm",
+    "mcnemar_tested", "mcnemar_seeds", "mcnemar_discordant", "mcnemar_method", "mcnemar_p",
+    "mcnemar_p_holm",
 ]  # fmt: skip
 
 
@@ -253,10 +259,11 @@ def build(
     """Summarise ``runs``: one row per dataset (and model) x strategy, in ``STRATEGY_ORDER``.
 
     Only FINISHED runs with the primary metric count; the latest run per strategy x seed is used;
-    everything else is listed in ``excluded`` with the reason. Δ vs ``baseline`` pairs runs by
-    seed: a t-interval of the per-seed differences with >= 3 seeds, else a bootstrap over dev
-    items (words or sentences; ``n_boot`` resamples, RNG seed ``boot_seed``) when dev
-    predictions were logged.
+    everything else is listed in ``excluded`` with the reason. Δ vs ``baseline``, on dev and on
+    test, pairs runs by seed: a t-interval of the per-seed differences with >= 3 seeds, else a
+    bootstrap over the split's items (words or sentences; ``n_boot`` resamples, RNG seed
+    ``boot_seed``) when its predictions were logged; McNemar's test per seed on test items; each
+    panel's p-values Holm-adjusted across its comparisons (``delta``).
     """
     used, excluded = _select(runs)
     if used.empty:
@@ -272,6 +279,7 @@ def build(
         base = group[group.freeze == baseline]
         if base.empty:
             notes.append(f"{panel}: no `{baseline}` run, so no savings or Δ vs baseline.")
+        panel_rows = []
         for strategy in strategy_order(group.freeze):
             cell = group[group.freeze == strategy].sort_values("seed")
             metric = cell.metric.iloc[0]
@@ -282,7 +290,10 @@ def build(
                 "settings": described,
                 "strategy": strategy,
             }
-            rows.append({**head, "metric": metric, **summary_row(cell, base, preds, boot)})
+            panel_rows.append({**head, "metric": metric, **summary_row(cell, base, preds, boot)})
+        adjust(panel_rows)  # the family: this panel's comparisons with the baseline
+        rows += panel_rows
+        notes += [f"{panel}: {said}" for said in disagreements(panel_rows)]
         if differ := _differing_settings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
         notes += time_notes(panel, group, rows, strategy_order(group.freeze))
