@@ -25,6 +25,7 @@ from ablate.fileio import read_gzip
 from ablate.report.cli import main as report_main
 
 STUDY = "lr-slice-all"
+PREDICTIONS = ("predictions/dev.json", "predictions/test.json")  # what a run's archive keeps
 LR_EXPERIMENT = "t-lr"
 
 
@@ -75,7 +76,8 @@ def test_an_imported_study_reports_the_same_summary(study, tmp_path, capsys):
     assert [(k, s, t) for k, s, t, _ in tuned.metrics if k == "dev_accuracy"] == [
         ("dev_accuracy", m.step, m.timestamp) for m in history
     ]
-    assert "predictions/dev.json" in tuned.artifacts and tuned.inputs
+    assert {"predictions/dev.json", "predictions/test.json"} <= set(tuned.artifacts)
+    assert tuned.inputs
 
     again = tmp_path / "again"
     assert archive_main(["export", "--uri", study.store, str(again)]) == 0
@@ -96,6 +98,9 @@ def test_an_imported_study_reports_the_same_summary(study, tmp_path, capsys):
         summaries.append((tmp_path / name / "summary.csv").read_bytes())
     assert summaries[0] == summaries[1]
     assert b"bootstrap" in summaries[0]  # one seed: the interval resampled the predictions
+    # on test too, and McNemar's test read the imported test predictions
+    assert b"paired bootstrap over test words (1 seed)" in summaries[0]
+    assert b"exact, per seed on test words" in summaries[0] and b"1 of 1 seed" in summaries[0]
 
     # the imported runs are the store's own: identity, times, parents, the trial a lr came from
     mine = {r.data.tags[archive.ORIGIN_TAG]: r for r in _all_runs(new)}
@@ -475,12 +480,14 @@ def test_an_export_compresses_metrics_and_predictions_and_exports_again_to_the_b
         assert files[f"{name}/metrics.tsv.gz"][:2] == b"\x1f\x8b"  # gzip's magic
         assert f"{name}/metrics.tsv" not in files
         if run.artifacts:  # listed by their MLflow paths, stored compressed
-            assert run.artifacts == ["config.yaml", "predictions/dev.json"]
-            assert json.loads(read_gzip(run.stored("predictions/dev.json")))
-            assert f"{name}/artifacts/predictions/dev.json.gz" in files
+            assert run.artifacts == ["config.yaml", *PREDICTIONS]
+            for path in PREDICTIONS:
+                assert json.loads(read_gzip(run.stored(path)))
+                assert f"{name}/artifacts/{path}.gz" in files
             assert f"{name}/artifacts/config.yaml" in files  # the rest plain, diffable
     listed = (study.archive / archive.MANIFEST).read_text(encoding="utf-8")
     assert "metrics.tsv.gz\n" in listed and "dev.json.gz\n" in listed  # the files as stored
+    assert "test.json.gz\n" in listed
 
     # exported, imported, exported again: each run's files the same bytes under its new id
     new = new_store(tmp_path / "new")
@@ -559,3 +566,32 @@ def test_a_broken_or_misspelt_compressed_file_fails_before_anything_is_imported(
     err = broken("plain", f"{name}/metrics.tsv.gz", plain)
     assert str(tmp_path / "plain" / name / "metrics.tsv") in err
     assert "version 2 keeps this file gzip-compressed, as metrics.tsv.gz" in err
+
+
+def test_an_archive_without_test_predictions_reads_and_reports_without_mcnemar(
+    study, tmp_path, capsys
+):
+    """An archive that holds its runs' dev predictions only (as archives exported before test's
+    were kept) reads, imports and reports as before: no test bootstrap, no McNemar, said so."""
+    old = tmp_path / "dev-only"
+    shutil.copytree(study.archive, old)
+    for gz in old.rglob("test.json.gz"):
+        gz.unlink()
+    (old / archive.MANIFEST).unlink()
+    write_manifest(old)
+    held = archive.read(old)
+    assert all("predictions/test.json" not in r.artifacts for r in held.runs)
+    assert any("predictions/dev.json" in r.artifacts for r in held.runs)
+    new = new_store(tmp_path / "new")
+    assert archive_main(["import", str(old), "--uri", new]) == 0
+    assert "imported 5 of 5 runs" in capsys.readouterr().out
+    out = tmp_path / "report"
+    assert report_main([*archive.report_args(held.index["scope"]), "--uri", new, "--out",
+                        str(out)]) == 0  # fmt: skip
+    import pandas as pd
+
+    row = pd.read_csv(out / "summary.csv").set_index("strategy").loc["all"]
+    assert row.delta_method == "paired bootstrap over dev words (1 seed)"
+    assert row.delta_test_method == "none (1 paired seed, no test predictions logged)"
+    assert row.mcnemar_tested == "0 of 1 seed" and pd.isna(row.mcnemar_p)
+    assert "– (0 of 1 seed)" in (out / "summary.md").read_text()

@@ -11,7 +11,8 @@ An archive is a folder (version 2)::
                   metrics.tsv.gz    every point of every metric, gzip-compressed TSV: key, step,
                                     timestamp, value
                   artifacts/  the artifacts the report reads (``ARTIFACTS``): config.yaml as it
-                              is, predictions/dev.json gzip-compressed as predictions/dev.json.gz
+                              is, predictions/dev.json and predictions/test.json (each where
+                              the run logged it) gzip-compressed as predictions/<split>.json.gz
     SHA256SUMS                sha256 of every other file as stored, the .gz ones compressed
                               (``sha256sum -c SHA256SUMS`` checks it)
 
@@ -50,14 +51,15 @@ FORMAT = "ablate-archive"
 VERSION = 2  # the version an export writes
 READS = (1, 2)  # the versions ``read`` reads
 RUNS = "runs"
-# The artifacts an archive keeps: the report's paired bootstrap reads a run's dev predictions;
-# config.yaml says what ran (the whole resolved config). Models, checkpoints and the rest stay out.
-ARTIFACTS = ("config.yaml", "predictions/dev.json")
+# The artifacts an archive keeps: the report's paired bootstraps read a run's dev and test
+# predictions, its McNemar test the test ones; config.yaml says what ran (the whole resolved
+# config). Models, checkpoints and the rest stay out.
+ARTIFACTS = ("config.yaml", "predictions/dev.json", "predictions/test.json")
 METRICS = "metrics.tsv"
 GZ = ".gz"
 # What version 2 keeps gzip-compressed, as <name>.gz: a run's metrics and, under artifacts/, its
-# predictions (~120 KB of JSON a run, a tenth of that compressed)
-COMPRESSED = (METRICS, "predictions/dev.json")
+# predictions (~120 KB of JSON a split on Naija, a tenth of that compressed)
+COMPRESSED = (METRICS, "predictions/dev.json", "predictions/test.json")
 # An imported run's tag: the id the run had in the store it was exported from.
 ORIGIN_TAG = "ablate.archive.run_id"
 # A run an import has created but not yet written whole (its value: the id ORIGIN_TAG will hold);

@@ -150,7 +150,7 @@ def _write_run(client: MlflowClient, run, experiment: str, folder: Path) -> None
                 raise _unreadable(run, path, exc) from exc
             target = folder / "artifacts" / stored_name(path)
             target.parent.mkdir(parents=True, exist_ok=True)
-            if target.name.endswith(GZ):  # predictions: ~120 KB of JSON a run
+            if target.name.endswith(GZ):  # predictions: ~120 KB of JSON a split
                 write_gzip(target, got.read_bytes())
             else:
                 shutil.copyfile(got, target)  # streamed: an artifact need not fit in memory
