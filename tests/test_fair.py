@@ -65,6 +65,40 @@ def test_the_fair_preset_composes_the_naija_grid_and_its_studies():
 
 
 @pytest.mark.heavy
+def test_a_fair_sweep_names_every_strategy_without_a_study_before_any_job(
+    slice_root, store, tmp_path, capsys
+):
+    overrides = [
+        *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",
+        "data.max_train_sentences=48",
+    ]  # fmt: skip
+    given = " ".join(o for o in overrides if not o.startswith("hydra."))  # Hydra's own aside
+
+    def refused(*grid: str) -> str:
+        proc = run_cli("--multirun", "experiment=fair", *grid, "seed=1,2", *overrides)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and "Launching jobs" not in proc.stderr
+        (line,) = proc.stderr.splitlines()  # one error, every job's
+        assert not logged_runs(store, "fair", sweeps=True)  # nothing tracked, nothing trained
+        assert not (tmp_path / "sweep" / "multirun.yaml").exists()  # no job folder either
+        return line
+
+    line = refused("freeze=features,ia3")
+    assert line.startswith("ablate: error: freeze=features, ia3: these strategies train at ")
+    assert line.endswith(
+        f"Run the studies first, then this sweep again: python -m ablate.lrstudy "
+        f"experiment=fair {given} freeze=features,ia3"
+    )
+    # with one study done, the sweep names only the strategy whose study is missing
+    assert study_cli.main([*overrides, "experiment=fair", "freeze=features", "lr_study.trials=1",
+                           "lr_study.widen=0"]) == 0  # fmt: skip
+    capsys.readouterr()
+    line = refused("freeze=features,bitfit")
+    assert "error: freeze=bitfit: these strategies" in line
+    assert line.endswith(f"python -m ablate.lrstudy experiment=fair {given} freeze=bitfit")
+
+
+@pytest.mark.heavy
 def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_path, capsys):
     overrides = [
         *slice_overrides(slice_root, store, tmp_path), "trainer.epochs=1",

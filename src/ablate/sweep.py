@@ -117,10 +117,14 @@ class Sweep(Callback):
             workers.note_job(num)  # in a preloaded worker: it says which jobs it ran
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from ablate.lrstudy.first import refuse_unstudied
+
         # first: the workers (hydra/launcher=workers) fork before this process opens the store
         try:
+            if _is_train(config):
+                refuse_unstudied(config)  # every job's lr study, before any job or record
             self.preloaded = workers.start(config)
-        except AblateError as exc:  # a launcher key out of range: one line, before any job
+        except AblateError as exc:  # a launcher key out of range, studies to run: one line
             print(f"ablate: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
         from mlflow.tracking import MlflowClient

@@ -17,7 +17,7 @@ from ablate.errors import AblateError
 from ablate.report import scope
 from ablate.tracking.history import latest_per_step
 from ablate.tracking.params import CPU_TAG, OPTION_KEYS_TAG, RESUMED_TAG, primary_metric
-from ablate.tracking.store import all_runs, check_reachable
+from ablate.tracking.store import absent, all_runs, check_reachable
 from ablate.training.resources import PEAK_RSS_TAG
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -96,7 +96,7 @@ def _float(value: str | None) -> float | None:
 def _client(uri: str, experiment: str):
     """A client of the store at ``uri`` and the experiment's id; an ``AblateError`` that names
     the fix where there is no such store or experiment (reading never creates a store)."""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+    if absent(uri):
         raise AblateError(
             f"no MLflow store at {uri.removeprefix('sqlite:///')}: train first (make run), or "
             "pass the store with --uri"

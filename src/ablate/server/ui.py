@@ -19,6 +19,7 @@ import sys
 from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
 from ablate.tracking import procs
+from ablate.tracking.store import absent
 from ablate.tracking.ui_links import (
     HOST,
     PORT,
@@ -42,7 +43,7 @@ QUIET = {"PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated:UserW
 def experiments(uri: str) -> list[tuple[str, str, list[str]]]:
     """(name, id, its ablate views) of the store's experiments that hold runs, newest first;
     none for a store that does not exist yet."""
-    if uri.startswith("sqlite:///") and not os.path.isfile(uri.removeprefix("sqlite:///")):
+    if absent(uri):
         return []
     from mlflow.tracking import MlflowClient
 

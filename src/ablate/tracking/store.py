@@ -42,6 +42,12 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
             raise AblateError(f"tracking.uri={uri}: {folder} is not writable")
 
 
+def absent(uri: str) -> bool:
+    """Whether ``uri`` is a sqlite store whose file is not there (yet): reading it through
+    MLflow would create it."""
+    return uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file()
+
+
 def artifact_root(uri: str) -> str | None:
     """``mlartifacts/`` beside a sqlite store; None (the server's choice) for other stores.
 
