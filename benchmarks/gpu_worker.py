@@ -23,7 +23,7 @@ from shared import compose
 
 
 class MemoryRecord:
-    """A ``Recorder`` (ablate.training.recorder) that keeps a job's metrics in memory: the bench
+    """A ``Recorder`` (ablate.tracking.recorder) that keeps a job's metrics in memory: the bench
     reads its numbers here, so its jobs need no tracking store."""
 
     resumed = None

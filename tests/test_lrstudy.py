@@ -26,7 +26,7 @@ from omegaconf import open_dict
 
 from ablate.archive.__main__ import main as archive_main
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, RANGE_TAG, TRIAL_TAG
+from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, RANGE_TAG, TRIAL_TAG, interior, position
 from ablate.lrstudy import cli as study_cli
 from ablate.lrstudy import storage as lrstorage
 from ablate.lrstudy import study as lrstudy
@@ -200,7 +200,22 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(
     assert {json.loads(r.data.tags[RANGE_TAG]) == [1e-7, 1e-2] for r in runs.values()} == {True}
     assert ": 4 trials, 1 pruned, 1 of 8 epochs saved" in said.err
     row = next(line for line in said.out.splitlines() if "| bitfit |" in line)
-    assert "| 3 | 1 | 1 |" in row and pruned.info.run_id not in row
+    assert "| 3 | 1 | 1 | [1e-07, 0.01] |" in row and pruned.info.run_id not in row
+    # the sampler's draw won, in the range's top tenth: the table says where, and a warning,
+    # last, that it is not interior
+    done = [r for r in runs.values() if r is not pruned]
+    top = max(done, key=lambda r: r.data.metrics["best_dev_accuracy"])
+    lr = float(top.data.params["trainer.lr"])
+    assert lr == drawn and position(lr, [1e-7, 1e-2]) > 0.9
+    assert f"| {lr:.3g} | {position(lr, [1e-7, 1e-2]):.2f} | **no** |" in row
+    assert (
+        said.err.rstrip()
+        .splitlines()[-1]
+        .startswith(
+            f"warning: freeze=bitfit: the best lr {lr:.3g} lies at the edge of the searched range "
+            "[1e-07, 0.01] (where 0.9"
+        )
+    )
     cfg = study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1])
     found = best(study_cli.study_of(cfg))
     assert (found.trials, found.pruned, found.epochs_saved) == (3, 1, 1)
@@ -304,9 +319,7 @@ def test_a_best_lr_at_the_edge_widens_the_range_at_most_twice(slice_root, store,
     assert not lrstudy._widen(study, cfg.lr_study)
     done = lrstudy.summary(study, cfg.trainer)
     assert (done.trials, done.widened, done.best_lr) == (8, 2, 9e-2)
-    note = lrstudy.edge_note(done, "lora")
-    assert note.startswith("warning: freeze=lora: the best lr 0.09 lies in the top tenth")
-    assert "after 2 widening(s): it is not interior" in note
+    assert not interior(done.best_lr, list(done.range))  # the table says so (below)
     # Each study draws its own lrs: another option's study, same seed, other first draws.
     other = lrstorage.open_study(study_cli.compose_trial("bitfit", study_cli.for_studies(args)[1]))
     assert other.study_name != study.study_name

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from ablate.strategies.base import Applied
     from ablate.tasks import Task
-    from ablate.training.recorder import Recorder
+    from ablate.tracking.recorder import Recorder
 
 # What training adds before any plugin's hooks run: the training collator's token counts
 # (``ablate.training.meter.BatchStats``), which a plugin that computes other rows than the

@@ -81,7 +81,7 @@ def interrupted(args: list[str], after: str, checkpoint: Path | None = None) -> 
 
 
 class FakeRecorder:
-    """Collects what a run records (``ablate.training.recorder.Recorder``), in memory."""
+    """Collects what a run records (``ablate.tracking.recorder.Recorder``), in memory."""
 
     resumed = None
 

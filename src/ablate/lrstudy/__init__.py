@@ -6,8 +6,10 @@ MLflow."""
 
 from __future__ import annotations
 
+import json
+import math
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ablate import plugins
 from ablate.config import LrStudyConfig
@@ -75,3 +77,23 @@ def pruner(study: LrStudyConfig):
         warmup = study.prune_from_epoch
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=warmup)
     raise ValueError(f"lr_study.pruner={study.pruner!r}: allowed: median, none")
+
+
+def position(lr: float, span: list[float]) -> float:
+    """Position of ``lr`` in ``span`` on a log scale: 0 at low, 1 at high."""
+    low, high = (math.log10(x) for x in span)
+    return (math.log10(lr) - low) / (high - low)
+
+
+def interior(lr: float, span: list[float]) -> bool:
+    """Whether ``lr`` lies inside ``span``'s outer tenths (log scale): a best lr there needs no
+    wider search."""
+    return 0.1 <= position(lr, span) <= 0.9
+
+
+def searched(tags: Iterable[Mapping[str, str]]) -> list[float] | None:
+    """The range a study's trials searched: from the lowest to the highest end of the ranges
+    their runs' tags name (``RANGE_TAG``: each trial's, as its lr was drawn; the study widens
+    between trials); None where none names one."""
+    spans = [json.loads(t[RANGE_TAG]) for t in tags if RANGE_TAG in t]
+    return [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else None

@@ -27,8 +27,8 @@ from ablate import config, tasks
 from ablate.errors import AblateError
 from ablate.lrstudy import study
 from ablate.lrstudy.runs import Study, all_studies, best
+from ablate.lrstudy.table import edge_notes, table
 from ablate.overrides import check as check_overrides
-from ablate.report.lrstudy import table
 from ablate.tracking.signals import pass_on
 
 
@@ -103,8 +103,6 @@ def run_studies(options: list[str], overrides: list[str]) -> list[str]:
             failed.append(option)
             continue
         print(done.line(), file=sys.stderr)
-        if note := study.edge_note(done, option):
-            print(note, file=sys.stderr)
     return failed
 
 
@@ -138,7 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             studies = [study_of(cfg) for cfg in trials.values()]
         if not args.report_only:
             failed = run_studies(options, overrides)
-        print(table([best(s) for s in studies]))
+        found = [best(s) for s in studies]
+        print(table(found))
+        for note in edge_notes(found):  # last, where a reader looks, not mid-log
+            print(note, file=sys.stderr)
     except (AblateError, HydraException, MlflowException, OptunaError, SQLAlchemyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

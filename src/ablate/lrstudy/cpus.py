@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 
 from ablate.lrstudy import owner_here
 from ablate.tracking import procs
-from ablate.training.recorder import Recorder
+from ablate.tracking.recorder import Recorder
 from ablate.training.resources import usable_cpus
 
 if TYPE_CHECKING:

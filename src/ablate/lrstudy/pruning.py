@@ -27,8 +27,8 @@ from ablate.lrstudy import (
 )
 from ablate.lrstudy.cpus import ShareCpus
 from ablate.plugins import Context, Plugin
+from ablate.tracking.recorder import Recorder
 from ablate.training.callbacks import epoch_of
-from ablate.training.recorder import Recorder
 
 if TYPE_CHECKING:
     from ablate.config import LrStudyConfig

@@ -27,7 +27,7 @@ from optuna.storages import GrpcStorageProxy
 from optuna.storages._heartbeat import BaseHeartbeat
 
 from ablate.errors import AblateError
-from ablate.server.app import STUDY_INFO_PATH as INFO_PATH  # {"port": <the proxy's port>}
+from ablate.tracking.auth import STUDY_INFO_PATH as INFO_PATH  # {"port": <the proxy's port>}
 
 SCHEME = "grpc://"
 HEARTBEAT_SERVICE = "ablate.StudyHeartbeat"

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from ablate import tasks
 from ablate.errors import AblateError
-from ablate.lrstudy import PRUNED_EPOCH_TAG, pruned, trained_out
+from ablate.lrstudy import PRUNED_EPOCH_TAG, interior, pruned, searched, trained_out
 from ablate.tracking.params import flatten, primary_metric, settings
 
 if TYPE_CHECKING:
@@ -46,6 +46,12 @@ class Best:
     other_settings: int = 0  # finished trials of the same name run with other settings
     pruned: int = 0  # trials with those settings that the study pruned (not candidates)
     epochs_saved: int = 0  # the epochs those would have trained on
+    span: list[float] | None = None  # the range those trials searched (``searched``)
+
+    @property
+    def interior(self) -> bool | None:
+        """Whether the best lr lies inside the searched range's outer tenths; None if unknown."""
+        return interior(self.lr, self.span) if self.lr and self.span else None
 
 
 def _runs(study: Study, filter_string: str):
@@ -92,18 +98,24 @@ def best(study: Study) -> Best:
         int(r.data.params.get("trainer.epochs", 0)) - int(r.data.tags[PRUNED_EPOCH_TAG])
         for r in cut
     )
-    return _top(study, same, len(scored) - len(same), len(cut), saved)
+    span = searched(r.data.tags for r in [*same, *cut])
+    return _top(study, same, len(scored) - len(same), len(cut), saved, span)
 
 
 def _top(
-    study: Study, same: list, other_settings: int = 0, pruned: int = 0, saved: int = 0
+    study: Study,
+    same: list,
+    other_settings: int = 0,
+    pruned: int = 0,
+    saved: int = 0,
+    span: list[float] | None = None,
 ) -> Best:
     """The best of ``study``'s finished trials ``same`` (those run with equal settings); of
     trials that tie, the earliest, as Optuna's ``best_trial`` (which decides the widening) picks,
     whatever order ``same`` comes in."""
     top = max(same, key=lambda r: (r.data.metrics[study.metric], -r.info.start_time))
     lr, value = float(top.data.params["trainer.lr"]), top.data.metrics[study.metric]
-    return Best(study, len(same), lr, value, top.info.run_id, other_settings, pruned, saved)
+    return Best(study, len(same), lr, value, top.info.run_id, other_settings, pruned, saved, span)
 
 
 def all_studies(template: Study) -> list[Study]:
@@ -161,7 +173,8 @@ def tuned_lr(cfg: TrainCore, command: str) -> Best:
             f"with these settings{near}; run the study first: {command}"
         )
     name = same[0].data.tags["study"]  # equal settings: one study's trials
-    return _top(Study(cfg.freeze.name, name, cfg.tracking.uri, experiment, metric), same)
+    span = searched(r.data.tags for r in same)
+    return _top(Study(cfg.freeze.name, name, cfg.tracking.uri, experiment, metric), same, span=span)
 
 
 def study_command(freeze: FreezeConfig) -> str:

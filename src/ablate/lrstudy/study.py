@@ -53,7 +53,9 @@ from ablate.lrstudy import (
     TRIAL_ENV,
     TRIAL_TAG,
     diverged_epoch,
+    interior,
     owner_here,
+    position,
     pruned,
     run_ended,
 )
@@ -350,18 +352,6 @@ def _fail_dead(study: optuna.Study) -> None:
         retry(study, storage.get_trial(t._trial_id))
 
 
-def position(lr: float, span: list[float]) -> float:
-    """Position of ``lr`` in ``span`` on a log scale: 0 at low, 1 at high."""
-    low, high = (math.log10(x) for x in span)
-    return (math.log10(lr) - low) / (high - low)
-
-
-def interior(lr: float, span: list[float]) -> bool:
-    """Whether ``lr`` lies inside ``span``'s outer tenths (log scale): a best lr there needs no
-    wider search."""
-    return 0.1 <= position(lr, span) <= 0.9
-
-
 def _widen(study: optuna.Study, lr_study: LrStudyConfig) -> bool:
     """When the best lr lies in the outer tenth of the range (log scale) and the study has
     widened fewer than ``lr_study.widen`` times: the range 10x wider at that edge, and more
@@ -406,19 +396,4 @@ def summary(study: optuna.Study, trainer: TrainerCore) -> Summary:
         study.user_attrs.get("widened", 0),
         best,
         len(_checks(study)),
-    )
-
-
-def edge_note(s: Summary, freeze: str) -> str | None:
-    """A plain warning when the study's best lr is not interior to its final range."""
-    if s.best_lr is None:
-        return None
-    if interior(s.best_lr, list(s.range)):
-        return None
-    side = "top" if position(s.best_lr, list(s.range)) > 0.9 else "bottom"
-    return (
-        f"warning: freeze={freeze}: the best lr {s.best_lr:.3g} lies in the {side} tenth of the "
-        f"searched range [{s.range[0]:g}, {s.range[1]:g}] (log scale), after {s.widened} "
-        "widening(s): it is not interior; the best may lie beyond it (lr_study.widen, "
-        "lr_study.range)"
     )

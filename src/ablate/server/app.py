@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 from ablate.server import local_admin, names
 from ablate.server.logins import LoginFailures
 from ablate.server.passwords import password_problem
+from ablate.tracking.auth import STUDY_INFO_PATH
 
 APP_NAME = "ablate-auth"
 MAX_UPLOAD_ENV = "ABLATE_SERVER_MAX_UPLOAD_MB"
@@ -41,8 +42,8 @@ LOGINS_ENV = "ABLATE_SERVER_LOGINS"  # the file that counts failed logins
 # is set: the processes' environments (which their children inherit) hold this placeholder, and
 # each worker reads the key from the file named by SECRET_FILE_ENV while its app is made
 SECRET_IN_FILE, SECRET_FILE_ENV = "in-its-file", "ABLATE_SERVER_SECRET_FILE"
-# the port of the lr-study storage (ablate.server.studies), and where the app names it
-STUDY_PORT_ENV, STUDY_INFO_PATH = "ABLATE_SERVER_STUDY_PORT", "/ablate/lr-study-storage"
+# the port of the lr-study storage (ablate.server.studies), which the app names at STUDY_INFO_PATH
+STUDY_PORT_ENV = "ABLATE_SERVER_STUDY_PORT"
 
 
 def _inside(path: str, root: str) -> bool:

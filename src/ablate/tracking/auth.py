@@ -21,6 +21,9 @@ MLFLOW_FILE = "~/.mlflow/credentials"
 # an authenticated endpoint that any user may call: a server with authentication answers 401
 # to a missing or wrong password, and filters (never refuses) what the user may not read
 _PROBE = "/api/2.0/mlflow/experiments/search"
+# the team server's route, open without a password, that tells an lr study where the server's
+# Optuna storage proxy listens (JSON {"port": ...}): the server answers it, a study asks it
+STUDY_INFO_PATH = "/ablate/lr-study-storage"
 
 
 @contextlib.contextmanager

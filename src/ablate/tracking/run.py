@@ -1,6 +1,6 @@
 """One MLflow run per Hydra job (``conf/tracking``): opened with the resolved config as params and
 its record of code, data and environment, ended FINISHED, FAILED (with an ``error`` tag) or
-KILLED; ``Run`` is what training records through (``ablate.training.recorder.Recorder``)."""
+KILLED; ``Run`` is what training records through (``ablate.tracking.recorder.Recorder``)."""
 
 from __future__ import annotations
 
@@ -242,6 +242,13 @@ def start_run(
         adopt(client, resumed)  # a later sweep's job: that sweep's child now
         client.update_run(run_id, status="RUNNING")
     else:
+        if (twin := latest_run(client, experiment_id, ident, "FINISHED")) is not None:
+            log.info(  # skip_finished=false; the report takes the newer of the two
+                "an identical config already FINISHED as run %s (%s); training it again as a "
+                "second run, which the report takes in its place (skip_finished=true reuses it)",
+                twin.info.run_name,
+                twin.info.run_id,
+            )
         tags = {MLFLOW_RUN_NAME: run_name(cfg)}
         if (parent := sweep_parent()) is not None:
             tags[MLFLOW_PARENT_RUN_ID] = parent

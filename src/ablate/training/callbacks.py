@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from transformers import TrainerCallback
 
+from ablate.tracking.recorder import Recorder
 from ablate.training import DIVERGED_TAG
-from ablate.training.recorder import Recorder
 from ablate.training.resources import cpu_gflops, usable_cpus
 
 log = logging.getLogger("ablate")

@@ -17,13 +17,13 @@ from ablate.quiet import quieted
 from ablate.strategies.base import Applied, build_optimizer
 from ablate.tasks import Task
 from ablate.tasks.metrics import Evaluation, argmax_logits
+from ablate.tracking.recorder import Recorder
 from ablate.training import checkpoints, keep
 from ablate.training.arguments import training_arguments
 from ablate.training.callbacks import EpochLogger, SendEvaluated, StopDiverged, dev_history
 from ablate.training.meter import CountingCollator, SpeedMeter
 from ablate.training.prepare import Prepared
 from ablate.training.progress import TerminalProgress, log_above_bars
-from ablate.training.recorder import Recorder
 from ablate.training.resources import (
     PEAK_RSS_TAG,
     busy_at_start,

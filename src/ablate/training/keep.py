@@ -44,8 +44,8 @@ from ablate.errors import AblateError
 from ablate.models import anatomy
 from ablate.models.build import build
 from ablate.quiet import quieted
+from ablate.tracking.recorder import Recorder
 from ablate.training import delta
-from ablate.training.recorder import Recorder
 
 if TYPE_CHECKING:
     from ablate.config import ModelConfig

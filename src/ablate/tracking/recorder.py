@@ -1,5 +1,5 @@
-"""What training records a run through: the interface ``ablate.tracking.Run`` implements for
-MLflow (training itself does not import tracking)."""
+"""What training and its plugins record a run through: the interface ``ablate.tracking.run.Run``
+implements for MLflow (a protocol, so that training, plugins and tests need no MLflow run)."""
 
 from __future__ import annotations
 
