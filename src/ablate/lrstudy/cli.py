@@ -87,10 +87,10 @@ def study_of(cfg: config.TrainCore) -> Study:
     )
 
 
-def run_studies(options: list[str], overrides: list[str]) -> list[str]:
+def run_studies(options: list[str], overrides: list[str]) -> dict[str, str]:
     """Run each option's study; print what each did and where its best lr lies. The options
-    whose study failed."""
-    failed = []
+    whose study failed, each with where to read why (``_where_failed``)."""
+    failed = {}
     pass_on()  # a stop signal reaches the trial running, which closes its run KILLED
     for option in options:
         cfg = compose_trial(option, overrides, hydra=True)
@@ -100,10 +100,19 @@ def run_studies(options: list[str], overrides: list[str]) -> list[str]:
             done = study.run(compose_trial(option, overrides), trial_overrides, folder)
         except AblateError as exc:
             print(f"error: freeze={option}: {exc}", file=sys.stderr)
-            failed.append(option)
+            failed[option] = _where_failed(folder)
             continue
         print(done.line(), file=sys.stderr)
     return failed
+
+
+def _where_failed(folder: Path) -> str:
+    """Where to read why a study failed: the job log of its last trial (under ``folder``), or
+    where none was written (it failed before, or its trial before Hydra started), its error."""
+    logs = sorted(folder.glob("*/*.log"), key=lambda p: p.stat().st_mtime)
+    if logs:
+        return f"see its job log {logs[-1]}"
+    return f"no trial wrote a job log under {folder}: its error is above"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lr_study.trials=N, data=..., experiment=fair",
     )
     args = parser.parse_args(argv)
-    failed = []
+    failed: dict[str, str] = {}
     try:
         check_overrides(args.overrides)  # an unknown key or option: before any study runs
         options, overrides = for_studies(args.overrides)
@@ -146,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the same command continues the study", file=sys.stderr)
         return 130
+    for option, where in failed.items():
+        print(f"error: the study of {option} failed: {where}", file=sys.stderr)
     if failed:
-        print(f"error: the study of {', '.join(failed)} failed (see its log)", file=sys.stderr)
         return 1
     return 0
