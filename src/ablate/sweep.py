@@ -274,10 +274,9 @@ def _shared_params(client, run_id: str, runs: list) -> None:
     """The params every run of the sweep logged with one value: the grid's common settings."""
     from mlflow.entities import Param
 
-    common = dict(runs[0].data.params)
-    for r in runs[1:]:
-        common = {k: v for k, v in common.items() if r.data.params.get(k) == v}
-    for chunk in chunks(sorted(common.items())):
+    from ablate.tracking.params import shared
+
+    for chunk in chunks(sorted(shared(runs).items())):
         client.log_batch(run_id, params=[Param(k, v) for k, v in chunk])
 
 

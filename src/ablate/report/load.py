@@ -16,7 +16,13 @@ from ablate.config import RECIPE_LR_TAG, TUNED_TAG, default_tracking_uri
 from ablate.errors import AblateError
 from ablate.report import scope
 from ablate.tracking.history import latest_per_step
-from ablate.tracking.params import CPU_TAG, OPTION_KEYS_TAG, RESUMED_TAG, primary_metric
+from ablate.tracking.params import (
+    CPU_TAG,
+    OPTION_KEYS_TAG,
+    RESUMED_TAG,
+    primary_metric,
+    shared,
+)
 from ablate.tracking.store import absent, all_runs, check_reachable
 from ablate.training.resources import PEAK_RSS_TAG
 
@@ -206,7 +212,7 @@ def load_runs(
         ids, parents = scope.members(found, parent), [parent]
     if ids is not None:  # a reused run of another experiment, say
         found += _runs_by_id(client, ids - {r.info.run_id for r in found})
-    unrun = [_unrun_row(job) for job in scope.unrun(found, parents)]
+    unrun = [_unrun_row(job, found) for job in scope.unrun(found, parents)]
     asked = {"data": data, "model": model, "freeze": freeze, "status": status}
     wanted = {key: _as_set(asked[key]) for key in FILTERS}
 
@@ -283,18 +289,25 @@ def load_runs(
     return Runs(runs=runs, history=history_df, params=params, source=source, unrun=unrun)
 
 
-def _unrun_row(job: dict) -> dict:
+def _unrun_row(job: dict, found: list) -> dict:
     """A job without a run as a row of the runs left out: the keys its own overrides set, else
-    the values every run of its sweep shares (the sweep's params)."""
+    the values every run of its sweep shares (the sweep's params, recorded as it ends; those of
+    its runs where it never ended, killed outright)."""
     own = dict(o.lstrip("+~").partition("=")[::2] for o in job["overrides"].split())
-    shared = job["sweep"].data.params
+    sweep = job["sweep"]
+    ran = scope.members(found, sweep.info.run_id)
+    common = sweep.data.params or shared([r for r in found if r.info.run_id in ran])
     name = f"job {job['job']}" + (f" ({job['overrides']})" if job["overrides"] else "")
+
+    def option(key: str) -> str | None:  # a swept option the job names, else the sweep's
+        return own.get(key, own.get(f"{key}.name", param_name(common, key)))
+
     return {
         "run_name": name,
-        "data": param_name(shared, "data"),
-        "model": param_name(shared, "model"),
-        "freeze": own.get("freeze", own.get("freeze.name", param_name(shared, "freeze"))),
-        "seed": _int(own.get("seed", shared.get("seed"))),
+        "data": own.get("data.treebank", option("data")),
+        "model": option("model"),
+        "freeze": option("freeze"),
+        "seed": _int(own.get("seed", common.get("seed"))),
         "status": "MISSING",
         "reason": job["reason"],
     }

@@ -111,6 +111,15 @@ def defaults() -> dict[str, str]:
     return out
 
 
+def shared(runs: list) -> dict[str, str]:
+    """The params every one of ``runs`` (MLflow runs) logged with one value: a sweep's common
+    settings."""
+    common = dict(runs[0].data.params) if runs else {}
+    for r in runs[1:]:
+        common = {k: v for k, v in common.items() if r.data.params.get(k) == v}
+    return common
+
+
 def settings(params: dict[str, str]) -> dict[str, str]:
     """A run's params without those that may differ between seeds of one study (the seed, and
     keys the schema marks as no setting: where files sit, threads, switches that change nothing
