@@ -16,6 +16,7 @@ from helpers.runs import refused_before_loading, run_cli, slice_overrides
 from helpers.store import logged_runs
 
 from ablate import config, helptext, overrides, switches
+from ablate.cli import check_composed
 from ablate.errors import AblateError
 from ablate.lrstudy import cli as study_cli
 
@@ -101,6 +102,28 @@ def test_a_value_its_key_does_not_allow_is_one_line_before_any_job(tmp_path):
     # answered before the training stack or MLflow loads
     proc = refused_before_loading("trainer.epochs=0", f"tracking.uri={store}")
     assert proc.stdout.splitlines() == ["2", "[]"], proc.stderr
+
+
+def test_a_value_a_presets_grid_sweeps_and_its_key_refuses_is_one_line_before_loading(tmp_path):
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "grid.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      trainer.epochs: 0,1\n"
+    )
+    where = [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"hydra.sweep.dir={tmp_path}/s"]
+    proc = refused_before_loading(
+        "--multirun", "--config-dir", str(conf), "experiment=grid", *where
+    )
+    assert proc.stdout.splitlines() == ["2", "[]"], proc.stderr
+    assert proc.stderr.strip() == (
+        "ablate: error: trainer.epochs=0,1: trainer.epochs must be a positive integer, not 0; "
+        "e.g. trainer.epochs=5, the default (in the grid of experiment=grid: "
+        "hydra.sweeper.params)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]  # no store, no sweep folder
+    # the command line's own value of a key replaces the grid's; a single run has no grid
+    check_composed(["experiment=grid", "trainer.epochs=1"], str(conf), "train", multirun=True)
+    check_composed(["experiment=grid"], str(conf), "train")
 
 
 def test_a_multiruns_cfg_shows_each_jobs_config_and_runs_nothing(tmp_path):

@@ -13,7 +13,14 @@ from typing import Any
 
 from ablate import helptext
 from ablate.errors import AblateError
-from ablate.overrides import CONFIG_NAME, Repository, check, check_values, sweep_jobs
+from ablate.overrides import (
+    CONFIG_NAME,
+    Repository,
+    check,
+    check_grid,
+    check_values,
+    sweep_jobs,
+)
 
 _COMMANDS = ("--run", "--multirun", "--cfg", "--info")  # Hydra takes one of them at a time
 
@@ -35,7 +42,8 @@ def before_hydra(argv: Sequence[str]) -> argparse.Namespace:
     try:
         check(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
         if not (args.help or args.hydra_help or args.cfg or args.info):
-            check_composed(args.overrides, args.config_dir, args.config_name or CONFIG_NAME)
+            name = args.config_name or CONFIG_NAME
+            check_composed(args.overrides, args.config_dir, name, args.multirun)
         given = [f for f, on in zip(_COMMANDS, _commands(args), strict=True) if on]
         if len(given) > 1 and given != ["--multirun", "--cfg"]:  # that one: show_jobs
             jobs = " (--multirun with --cfg shows each job's config)" if args.multirun else ""
@@ -94,13 +102,16 @@ def show_jobs(app: Callable[..., Any], args: argparse.Namespace) -> None:
         sys.argv = argv
 
 
-def check_composed(overrides: Sequence[str], config_dir: str | None, config_name: str) -> None:
+def check_composed(
+    overrides: Sequence[str], config_dir: str | None, config_name: str, multirun: bool = False
+) -> None:
     """Refuse a ``data.root`` that is not a folder, or an unpinned dataset's missing folder
-    (``ablate.data.files.check_folders``), for every dataset the command line picks, and a value
-    that an option's file sets and its key does not allow (``ablate.overrides.check_values``): in
-    a second, where a job would find it after its imports (~10 s) and once per job of a sweep. A
-    sweep over a ``data`` key leaves the check to each job; a config Hydra cannot compose, to
-    Hydra."""
+    (``ablate.data.files.check_folders``), for every dataset the command line picks, a value
+    that an option's file sets and its key does not allow (``ablate.overrides.check_values``),
+    and with ``multirun`` an entry of a preset's grid that the command line's check would refuse
+    (``ablate.overrides.check_grid``): in a second, where a job would find it after its imports
+    (~10 s) and once per job of a sweep. A sweep over a ``data`` key leaves the check to each
+    job; a config Hydra cannot compose, to Hydra."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from hydra.types import RunMode
@@ -115,10 +126,12 @@ def check_composed(overrides: Sequence[str], config_dir: str | None, config_name
             return
         data = [o for o in swept if o.key_or_group == "data"]
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        loader = Repository.for_command_line(overrides, config_dir, config_name).loader
+        repo = Repository.for_command_line(overrides, config_dir, config_name)
         for choice in [f"data={v}" for o in data for v in o.sweep_string_iterator()] or [""]:
             given = [*fixed, choice] if choice else fixed
-            cfg = loader.load_configuration(config_name, given, run_mode=RunMode.RUN)
+            cfg = repo.loader.load_configuration(config_name, given, run_mode=RunMode.RUN)
+            if multirun:
+                check_grid(cfg.hydra.sweeper.get("params"), overrides, repo)
             check_values(cfg)
             check_folders(cfg.data)
     except (HydraException, OmegaConfBaseException):

@@ -303,12 +303,33 @@ def check(
         repo = Repository.for_command_line(overrides, config_dir, config_name)
     except HydraException:
         return
+    if found := _problems(parsed, repo):
+        raise AblateError("; ".join(found))
+    pinned.check(repo, parsed, config_name)
+
+
+def _problems(parsed: Sequence[Override], repo: Repository) -> list[str]:
+    """What is wrong with each override: an unknown option, key, or a value its key refuses."""
     problems, keys = [], schema_keys()
     for o in parsed:
         if repo.is_group(o.key_or_group):
             problems.append(_option_problem(o, repo))
         else:
             problems.append(_key_problem(o, repo, keys) or _value_problem(o, keys))
-    if found := [p for p in problems if p]:
-        raise AblateError("; ".join(found))
-    pinned.check(repo, parsed, config_name)
+    return [p for p in problems if p]
+
+
+def check_grid(params: Mapping[str, Any] | None, given: Sequence[str], repo: Repository) -> None:
+    """Raise an ``AblateError`` naming every entry of a sweep's grid that a preset sets
+    (``hydra.sweeper.params``) which ``check`` refuses on the command line; the keys the command
+    line ``given`` sets are its own (they replace the grid's)."""
+    here = {o.lstrip("+~").partition("=")[0] for o in given}
+    lines = [f"{k}={v}" for k, v in (params or {}).items() if k not in here]
+    try:
+        parsed = OverridesParser.create().parse_overrides(lines)
+    except HydraException:
+        return  # Hydra's own message
+    if found := _problems(parsed, repo):
+        preset = [o for o in given if o.partition("=")[0] == "experiment"]
+        where = f"the grid of {preset[0]}" if preset else "the sweep's grid"
+        raise AblateError(f"{'; '.join(found)} (in {where}: hydra.sweeper.params)")
