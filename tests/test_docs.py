@@ -434,3 +434,16 @@ def test_an_archives_values_are_never_live_markdown_in_the_generated_blocks(tmp_
         if (html := _rendered(text)) is not None:
             assert "<img" not in html and 'href="http://evil' not in html, (name, html)
     assert "Rerun from today's code: 15 of its 15 published runs" in blocks["source"]
+
+
+def test_a_fair_page_lists_each_rerun_that_changed_its_scores():
+    """The audit's two: Naija fair `features` seed 1 moved one test token, `loha` seed 1 moved on
+    dev and test; every EWT fair rerun gave the same scores."""
+    from ablate.docs import redo
+
+    rows = [r for r in redo.rerun_changes("naija-fair").splitlines() if r.startswith("| `")]
+    assert [r.split(" | ")[:2] for r in rows] == [["| `features`", "1"], ["| `loha`", "1"]]
+    assert "| 97.7901 | 97.2195 |" in rows[1] and "| 97.7627 | 97.1638 |" in rows[1]
+    assert rows[0].count("| 97.3784 |") == 2  # dev the same, test not
+    assert "CPU not recorded" in rows[1] and "Intel(R) Xeon(R) Processor" in rows[1]
+    assert redo.rerun_changes("ewt-fair").startswith("Every run")

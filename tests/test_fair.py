@@ -177,15 +177,24 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
         sum(m.value for m in epochs) + feat.cache_frozen_time_s
     )
 
-    # The published table's rerun command runs the study first where the lr came from one.
+    # The published table's rerun command reruns a row's first seed at its lr, without its study,
+    # into an experiment of its own: the same scores to the last digit.
     (pub := tmp_path / "naija-fair").mkdir()  # the study run as experiment=fair
     rep.summary.to_csv(pub / "summary.csv", index=False)
     table = docs.results.results_table(str(pub), rerun=True).splitlines()
     (features_row,) = [line for line in table if line.startswith("| `features` |")]
-    assert features_row.endswith(
-        "| `python -m ablate.lrstudy experiment=fair freeze=features`, then "
-        "`python -m ablate.train --multirun experiment=fair freeze=features` |"
+    lr = best.data.params["trainer.lr"]
+    command = (
+        "python -m ablate.train experiment=fair freeze=features seed=1 "
+        f"trainer.lr={lr} 'lr_study.freeze=[]' tracking.experiment=rerun"
     )
+    assert features_row.endswith(f"| `{command}` |") and "(tuned)" in features_row
     (none_row,) = [line for line in table if line.startswith("| `none` |")]
-    assert none_row.endswith("| `python -m ablate.train --multirun experiment=fair freeze=none` |")
-    assert "(tuned)" in features_row
+    assert "freeze=none seed=1 trainer.lr=5e-05 'lr_study.freeze=[]'" in none_row
+    args = [a.strip("'") for a in command.split()[3:]]  # as the shell passes them
+    proc = run_cli(*args, *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (again,) = logged_runs(store, "rerun")
+    for metric in ("dev_accuracy", "test_accuracy"):
+        assert again.data.metrics[metric] == features.data.metrics[metric]
+    assert again.data.params["trainer.lr"] == lr

@@ -22,7 +22,7 @@ from omegaconf import MISSING
 
 from ablate import config, switches
 from ablate.config import conf_dir, project_root
-from ablate.docs import lrstudies, results
+from ablate.docs import lrstudies, redo, results
 from ablate.docs.studies import ARCHIVE, NoResults
 from ablate.errors import AblateError
 from ablate.tables import markdown_table
@@ -161,6 +161,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "results-findings": results.results_findings,
     "results-best": results.results_best,
     "results-provenance": results.results_provenance,
+    "results-changed": redo.rerun_changes,
     "results-source": results.results_source,
     "lr-pruning": lrstudies.lr_pruning,
     "lr-studies": lrstudies.lr_studies,

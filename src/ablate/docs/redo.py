@@ -33,6 +33,72 @@ def redone(study: str) -> tuple[Path, Path] | None:
     return None
 
 
+def _last(run) -> dict[str, float]:
+    """An archived run's metrics, each at its last step, as MLflow's run page shows them."""
+    last: dict[str, tuple[int, float]] = {}
+    for key, step, _, value in run.metrics:
+        if key not in last or step >= last[key][0]:
+            last[key] = (step, value)
+    return {k: v for k, (_, v) in last.items()}
+
+
+def _last_scores(run) -> dict:
+    """A run's dev and test scores as the report reads them."""
+    from ablate.report.load import scores
+
+    return scores(run.params, _last(run))
+
+
+def rerun_changes(study: str = RESULTS) -> str:
+    """Every run of ``study``'s archive that a later run of the same strategy, seed and settings
+    replaced (a rerun with ``skip_finished=false``) where the two differ in dev or test score:
+    both runs' scores and start dates, as a table; a sentence where none differ."""
+    from ablate.archive import read
+    from ablate.tracking.params import settings
+
+    folder = study_dir(study) / ARCHIVE
+    if not folder.is_dir():
+        return f"_No archive yet beside `docs/results/{study}/`._"
+    held = read(folder)
+    kept = {r.run_id: r for r in current_runs(held)}
+    role = {entry["run_id"]: entry["role"] for entry in held.index["runs"]}
+    by_seed = {(cell(r), r.params.get("seed"), tuple(sorted(settings(r.params).items()))): r
+               for r in kept.values()}  # fmt: skip
+    rows = []
+    for run in sorted(held.runs, key=lambda r: r.info.get("start_time") or 0):
+        if role[run.run_id] != "run" or run.run_id in kept or run.info.get("status") != "FINISHED":
+            continue
+        key = (cell(run), run.params.get("seed"), tuple(sorted(settings(run.params).items())))
+        if (later := by_seed.get(key)) is None:
+            continue  # replaced by runs with other settings (a new lr): no rerun of it
+        was, now = _last_scores(run), _last_scores(later)
+        if (was["dev"], was["test"]) == (now["dev"], now["test"]):
+            continue
+        rows.append([
+            code(run.params.get("freeze.name", "?")), run.params.get("seed", "?"),
+            f"{100 * was['dev']:.4f}", f"{100 * was['test']:.4f}", _day(run),
+            f"{100 * now['dev']:.4f}", f"{100 * now['test']:.4f}", _day(later),
+        ])  # fmt: skip
+    if not rows:
+        return (
+            "Every run replaced by a rerun of the same setting gave the same dev and test scores."
+        )
+    when = "(UTC, commit, CPU)"
+    columns = ["strategy", "seed", "first dev (%)", "first test (%)", f"first run {when}"]
+    columns += ["rerun dev (%)", "rerun test (%)", f"rerun {when}"]
+    return markdown_table(rows, columns, right=columns[2:4] + columns[5:7])
+
+
+def _day(run) -> str:
+    """When, from which commit and on which CPU a run trained (the CPU where it was recorded)."""
+    from datetime import datetime, timezone
+
+    start = (run.info.get("start_time") or 0) / 1000
+    day = datetime.fromtimestamp(start, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
+    commit = run.tags.get("git.commit", "")[:7] or "?"
+    return f"{day}, {inline(commit)}, {run.tags.get('cpu', 'CPU not recorded')}"
+
+
 def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
     """Each run of ``study``'s redo (``redone``) against its published row (``runs.csv``: the
     same strategy and seed): run name, the archived and published dev and test scores, and
@@ -40,7 +106,6 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
     settings, as the report takes them (a strategy redone at a new lr supersedes its earlier
     runs); empty for a study not redone."""
     from ablate.archive import read
-    from ablate.report.load import scores
 
     if (redo := redone(study)) is None:
         return []
@@ -49,11 +114,7 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
     out = []
     held = read(redo[0])
     for run in current_runs(held):
-        last: dict[str, tuple[int, float]] = {}
-        for key, step, _, value in run.metrics:  # a key's value at its last step, as MLflow's
-            if key not in last or step >= last[key][0]:
-                last[key] = (step, value)
-        got = scores(run.params, {k: v for k, (_, v) in last.items()})
+        got = _last_scores(run)
         row = published.get((*cell(run), run.params.get("seed")))
         was = {k: float(row[k]) if row and row[k] else None for k in ("dev", "test", "lr")}
         out.append(
@@ -66,7 +127,7 @@ def reruns(study: str = RESULTS) -> list[dict[str, Any]]:
                 "published_dev": was["dev"],
                 "published_test": was["test"],
                 "lr": float(run.params["trainer.lr"]),
-                "trainable_params": last.get("trainable_params", (0, None))[1],
+                "trainable_params": _last(run).get("trainable_params"),
                 "published_lr": was["lr"],
                 "same": row is not None and (got["dev"], got["test"]) == (was["dev"], was["test"]),
             }

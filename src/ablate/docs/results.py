@@ -29,20 +29,21 @@ def _pct(row: dict, key: str) -> str:
 
 
 def _rerun(row: dict, experiment: str) -> str:
-    """The command that reruns a summary row's cell (every seed of it) with the study's
-    ``experiment`` (``paper``'s grid names its dataset); a strategy trained at its own study's
-    lr first runs that study."""
-    s = row["strategy"]
+    """The one command that reruns a summary row's first seed at the row's lr, without its lr
+    study (``lr_study.freeze=[]``), into an experiment of its own (``rerun``, so the published
+    runs a store may hold neither skip it nor gain a duplicate); ``paper``'s grid names its
+    dataset."""
     given = f"experiment={experiment}" + (f" data={row['data']}" if experiment == "paper" else "")
-    train = code(f"python -m ablate.train --multirun {given} freeze={s}")
-    if row["lr_from"] == LR_FROM_STUDY:
-        return f"{code(f'python -m ablate.lrstudy {given} freeze={s}')}, then {train}"
-    return train
+    seed = str(row["seeds"]).split(",")[0].strip()
+    return code(
+        f"python -m ablate.train {given} freeze={row['strategy']} seed={seed} "
+        f"trainer.lr={row['lr']} 'lr_study.freeze=[]' tracking.experiment=rerun"
+    )
 
 
 def results_table(study: str = RESULTS, rerun: bool = False) -> str:
     """The published study's summary (``summary.csv`` of its report) as a table; ``rerun``: each
-    row with the command that reruns it."""
+    row with the command that reruns its first seed (``_rerun``)."""
     numbers = ["lr", "dev accuracy (%)", "test accuracy (%)", "trainable params (M)"]
     numbers += ["train time (s)", "seeds"]
     rows = []
@@ -54,7 +55,7 @@ def results_table(study: str = RESULTS, rerun: bool = False) -> str:
             + [millions(float(row["trainable_params_m"])), f"{float(row['train_time_s']):.0f}"]
             + [row["n"], *([_rerun(row, experiment)] if rerun else [])]
         )
-    columns = ["strategy", *numbers, *(["rerun it"] if rerun else [])]
+    columns = ["strategy", *numbers, *(["rerun its first seed"] if rerun else [])]
     return markdown_table(rows, columns, right=numbers)
 
 
