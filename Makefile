@@ -15,7 +15,7 @@ LOCAL := conf/local/default.yaml
 export MLFLOW_DISABLE_TELEMETRY ?= true
 TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 
-.PHONY: help setup run test test-fast lint format sweep lr-study report notebook bench bench-gpu gpu-wheels ui server server-stop member password clean distclean
+.PHONY: help setup run test test-fast lint format sweep lr-study report notebook bench contention bench-gpu gpu-wheels ui server server-stop member password clean distclean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ lr-study: $(STAMP) ## a fair lr per freeze option (one resumable Optuna study ea
 
 bench: $(STAMP) ## ablate vs the plain HF Trainer recipe on this CPU: reports/bench/ and MLflow
 	$(PY) benchmarks/bench.py --uri "$(TRACKING_URI)" $(ARGS)
+
+contention: $(STAMP) ## a run alone and beside a busy job, per OpenMP wait policy, on this CPU
+	$(PY) benchmarks/contention.py --uri "$(TRACKING_URI)" $(ARGS)
 
 # The GPU bench (docs/speed.md). A lent GPU machine has no network: `make gpu-wheels` (here)
 # fills $(GPU_ASSETS) with what it lacks; `make bench-gpu` there installs it and runs the bench

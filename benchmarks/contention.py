@@ -1,8 +1,10 @@
-"""A run alone and beside a busy process, for both recipes and both OpenMP wait policies: how
-much a neighbour on the same cores slows a run, against its share of the cores. A benchmark, not
-a test: it prints a markdown table with the machine's load (docs/operations.md shows one).
+"""A run alone and beside a busy process, for the plain recipe and ablate under each OpenMP wait
+policy: how much a neighbour on the same cores slows a run, against its share of the cores. A
+benchmark, not a test: it prints a markdown table with the machine's load (docs/operations.md
+shows its tables), and with ``--out`` writes the times as JSON.
 
-    python benchmarks/contention.py --train-sentences 400 --epochs 1
+    make contention ARGS="--freeze features --train-sentences 3000"
+    python benchmarks/contention.py --train-sentences 400 --epochs 1 --variants plain,auto
 
 The neighbour is another training-like job: a torch process doing matrix products on every usable
 CPU with OpenMP's default policy, as a colleague's run would. Sharing the cores with it, a run's
@@ -12,6 +14,7 @@ fair share is half of them: a 2x slowdown is proportional.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -33,16 +36,17 @@ NEIGHBOUR = (
     "while True:\n"
     "    a = torch.tanh(a @ a)\n"
 )
-# (what the table calls it, the job's recipe, ablate's trainer.omp_wait_policy)
-VARIANTS = (
-    ("plain (OpenMP default)", "plain", None),
-    ("ablate, omp_wait_policy=inherit (OpenMP default)", "ablate", "inherit"),
-    ("ablate, omp_wait_policy=passive", "ablate", "passive"),
-    ("ablate, omp_wait_policy=auto (its default)", "ablate", "auto"),
-)
+# name -> (what the table calls it, the job's recipe, ablate's trainer.omp_wait_policy)
+VARIANTS = {
+    "plain": ("plain (OpenMP default)", "plain", None),
+    "inherit": ("ablate, omp_wait_policy=inherit (OpenMP default)", "ablate", "inherit"),
+    "passive": ("ablate, omp_wait_policy=passive", "ablate", "passive"),
+    "auto": ("ablate, omp_wait_policy=auto (its default)", "ablate", "auto"),
+}
+SETTLE_S = 3  # the neighbour at full speed before a job starts beside it
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="naija")
     parser.add_argument("--model", default="minilm")
@@ -50,7 +54,13 @@ def main() -> int:
     parser.add_argument("--train-sentences", type=int, default=400)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
+    every = ", ".join(VARIANTS)
+    parser.add_argument("--variants", help=f"of {every} (default: all; plain trains none only)")
+    parser.add_argument("--uri", default=None, help="MLflow store (default: the project's)")
+    parser.add_argument("--experiment", default="ablate-contention")
+    parser.add_argument("--out", type=Path, default=None, help="also write the times as JSON")
+    args = parser.parse_args(argv)
+    names = chosen(parser, args)
     from ablate.config import default_tracking_uri
     from ablate.training.resources import usable_cpus
 
@@ -64,21 +74,22 @@ def main() -> int:
         common = [
             "data=ud", f"data.treebank={treebank}", f"data.root={work / 'data'}",
             f"model={args.model}", f"freeze={args.freeze}", f"trainer.epochs={args.epochs}",
-            f"trainer.threads={threads}",
-            f"tracking.uri={default_tracking_uri()}", "tracking.experiment=ablate-contention",
+            f"trainer.threads={threads}", f"tracking.uri={args.uri or default_tracking_uri()}",
+            f"tracking.experiment={args.experiment}",
         ]  # fmt: skip
         compose(common)  # a bad option fails here, not in a child
-        times: dict[tuple[str, bool], list[float]] = {}
+        times: dict[str, dict[str, list[float]]] = {n: {"alone": [], "beside": []} for n in names}
         for r in range(args.repeats):
-            for beside in (False, True):
+            for where in ("alone", "beside"):
                 neighbour = None
-                if beside:
+                if where == "beside":
                     neighbour = subprocess.Popen(
                         [sys.executable, "-c", NEIGHBOUR.format(threads=threads)]
                     )
-                    time.sleep(3)  # at full speed before the job starts
+                    time.sleep(SETTLE_S)
                 try:
-                    for name, recipe, policy in variants(args):
+                    for name in names:
+                        _, recipe, policy = VARIANTS[name]
                         spec = {
                             "recipe": recipe, "config": "full", "bench_id": f"contention-{r}",
                             "result": str(work / "job.json"),
@@ -87,45 +98,58 @@ def main() -> int:
                         }  # fmt: skip
                         result = run_job(spec, work / "job.log")
                         seconds = statistics.mean(result["epoch_time_s"])
-                        times.setdefault((name, beside), []).append(seconds)
-                        where = "beside the neighbour" if beside else "alone"
-                        print(f"{name}, {where}: {seconds:.1f} s/epoch", flush=True)
+                        times[name][where].append(seconds)
+                        print(f"{VARIANTS[name][0]}, {where}: {seconds:.2f} s/epoch", flush=True)
                 finally:
                     if neighbour is not None:
                         neighbour.kill()
                         neighbour.wait()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(table(times, threads, args, load_start))
+    command = "python benchmarks/contention.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(table(times, threads, args, load_start, command.strip()))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        saved = {"command": command.strip(), "threads": threads, "load_start": load_start,
+                 "times": times}  # fmt: skip
+        args.out.write_text(json.dumps(saved, indent=1) + "\n")
     return 0
 
 
-def variants(args) -> tuple:
-    """What runs: the plain recipe trains ``none`` only (no other strategy's head)."""
-    return VARIANTS if args.freeze == "none" else VARIANTS[1:]
+def chosen(parser: argparse.ArgumentParser, args) -> list[str]:
+    """The variants to run, in ``VARIANTS``' order; plain trains ``none`` only (its recipe has no
+    other strategy's head)."""
+    if args.variants is None:
+        return [n for n in VARIANTS if n != "plain" or args.freeze == "none"]
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or not names:
+        parser.error(f"--variants {args.variants}: each of {', '.join(VARIANTS)}")
+    if "plain" in names and args.freeze != "none":
+        parser.error(f"--variants plain: the plain recipe trains freeze=none, not {args.freeze}")
+    return [n for n in VARIANTS if n in names]
 
 
-def table(times, threads: int, args, load_start: float) -> str:
+def table(times: dict, threads: int, args, load_start: float, command: str) -> str:
     """Markdown: per variant, s/epoch alone and beside the neighbour, and their ratio."""
-    first = variants(args)[0][0]
-    base_alone = statistics.mean(times[(first, False)])
+    first = next(iter(times))
+    base_alone = statistics.mean(times[first]["alone"])
     caption = (
         f"{args.model}, freeze={args.freeze}, on {args.data} ({args.train_sentences} train "
         f"sentences), {args.epochs} "
         f"epoch(s), {threads} threads, mean of {args.repeats}; neighbour: a torch job on all "
         f"{threads} CPUs. Load average {load_start:.1f} at the start (the neighbour's own load "
-        "during its half). Command: `python benchmarks/contention.py "
-        + " ".join(sys.argv[1:])
-        + "`"
+        f"during its half). Command: `{command}`"
     )
+    label = VARIANTS[first][0].split(" (")[0]
     columns = ["recipe", "alone, s/epoch", "beside a busy job, s/epoch"]
-    columns += ["slowdown beside it (2x = its share)", f"alone vs {first.split(' (')[0]} alone"]
+    columns += ["slowdown beside it (2x = its share)", f"alone vs {label} alone"]
     rows = []
-    for name, *_ in variants(args):
-        alone = statistics.mean(times[(name, False)])
-        beside = statistics.mean(times[(name, True)])
+    for name, measured in times.items():
+        alone = statistics.mean(measured["alone"])
+        beside = statistics.mean(measured["beside"])
         rows.append(
-            [name, f"{alone:.1f}", f"{beside:.1f}", f"{beside / alone:.2f}x"]
+            [VARIANTS[name][0], f"{alone:.2f}", f"{beside:.2f}", f"{beside / alone:.2f}x"]
             + [f"{alone / base_alone:.2f}x"]
         )
     return f"{caption}\n\n{markdown_table(rows, columns, right=columns[1:])}"

@@ -56,7 +56,8 @@ def pytest_collection_modifyitems(items):
 # What a test calls, directly or through its fixtures and its module's helpers, when it starts
 # a process (the CLI, a server) or runs the entry points that launch jobs (the lr study's
 # command, the bench); found in the code so that no list of such tests is kept by hand.
-_PROCESS_CALLS = {"run_cli", "subprocess", "Popen", "Parallel", "study_cli", "bench", "bench_gpu"}
+_PROCESS_CALLS = {"run_cli", "subprocess", "Popen", "Parallel", "study_cli", "bench", "bench_gpu",
+                  "contention"}  # fmt: skip
 
 
 def _starts_a_process(item) -> bool:
