@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from ablate import config, docs, report
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG
+from ablate.lrstudy import EDGE_TAG, interior
 from ablate.lrstudy import cli as study_cli
 from ablate.tracking.params import OPTION_KEYS_TAG, option_keys
 
@@ -166,6 +167,13 @@ def test_tuned_strategies_train_at_their_studys_best_lr(slice_root, store, tmp_p
     row = rows.loc["features"]
     assert row.lr == float(best.data.params["trainer.lr"]) and row.lr_from == "its lr study"
     assert rows.loc["none"].lr_from == "the recipe"
+    # a pick in its searched range's outer tenths is tagged on the run and flagged in the report
+    shown = report.table(rep).set_index("strategy").lr
+    for option in ("features", "ia3"):
+        run, lr = runs[option], float(runs[option].data.params["trainer.lr"])
+        edge = not interior(lr, [2e-3, 1e-2])
+        assert (EDGE_TAG in run.data.tags) == edge and rows.loc[option].lr_interior == (not edge)
+        assert ("at its range's edge" in shown[option]) == edge
     assert rows.loc["ia3"].lr_from == "its lr study" and rows.loc["ia3"].delta_method != (
         "no baseline run"
     )

@@ -151,6 +151,7 @@ def take_tuned_lr(cfg: config.TrainCore) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
+    from ablate.lrstudy import EDGE_TAG, position
     from ablate.lrstudy.runs import study_command, tuned_lr
 
     best = tuned_lr(cfg, study_command(cfg.freeze))
@@ -168,6 +169,16 @@ def take_tuned_lr(cfg: config.TrainCore) -> None:
         cfg.tracking.tags[config.RECIPE_LR_TAG] = str(cfg.trainer.lr)
         cfg.tracking.tags[config.TUNED_TAG] = best.run_id
         cfg.trainer.lr = best.lr
+        if best.interior is False:  # the run says so, and the report flags its strategy's lr
+            where = f"{position(best.lr, best.span):.2f} of [{best.span[0]:g}, {best.span[1]:g}]"
+            cfg.tracking.tags[EDGE_TAG] = where
+            log.warning(
+                "freeze=%s: the study's pick %.3g lies at the edge of its searched range (%s, "
+                "log scale): the best may lie beyond it",
+                cfg.freeze.name,
+                best.lr,
+                where,
+            )
     if HydraConfig.initialized() and (sub := HydraConfig.get().output_subdir) is not None:
         saved = Path(HydraConfig.get().runtime.output_dir) / sub / "config.yaml"
         if saved.parent.is_dir():

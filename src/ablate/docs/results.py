@@ -49,7 +49,13 @@ def results_table(study: str = RESULTS, rerun: bool = False) -> str:
     rows = []
     experiment = EXPERIMENT.get(study_dir(study).name, "paper")
     for row in csv_rows(study):
-        lr = f"{float(row['lr']):.2g}" + (" (tuned)" if row["lr_from"] == LR_FROM_STUDY else "")
+        tuned = row["lr_from"] == LR_FROM_STUDY
+        edge = row.get("lr_interior") == "False"  # its study's pick at its range's edge
+        lr = (
+            f"{float(row['lr']):.2g}"
+            + (" (tuned)" if tuned else "")
+            + (" **edge**" if edge else "")
+        )
         rows.append(
             [code(row["strategy"]), lr, _pct(row, "dev"), _pct(row, "test")]
             + [millions(float(row["trainable_params_m"])), f"{float(row['train_time_s']):.0f}"]

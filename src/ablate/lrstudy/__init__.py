@@ -21,6 +21,9 @@ PRUNED_TAG = "ablate.pruned"  # "true" on a pruned trial's run (ended KILLED, no
 PRUNED_EPOCH_TAG = "ablate.pruned_epoch"  # the last epoch it trained
 # the [low, high] lr range (JSON) the trial's lr was drawn from: the study's, widened or not
 RANGE_TAG = "ablate.lr_range"
+# a run trained at its study's pick where that lies in the searched range's outer tenths (log
+# scale): "<where> of [low, high]"; absent where the pick is interior
+EDGE_TAG = "lr_study.edge"
 # a trial that trains a pruned neighbour of its study's best again, unpruned: the Optuna user
 # attribute and the MLflow tag of its run, both the pruned trial's number
 CHECK = "checks"

@@ -60,6 +60,8 @@ def summary_row(
         "test_std_pct": test.std(ddof=1) if n > 1 else math.nan,
         "lr": cell.lr.iloc[-1],
         "lr_from": LR_FROM_STUDY if cell.tuned.all() else "the recipe",
+        # False where a run's study pick lay at its searched range's edge (not interior)
+        "lr_interior": cell.lr_edge.isna().all() if cell.tuned.all() else math.nan,
         "trainable_params_m": cell.trainable_params.mean() / 1e6,
         "total_params_m": cell.total_params.mean() / 1e6,
         "train_time_s": timed.train_time_s.mean(skipna=False),

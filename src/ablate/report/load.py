@@ -14,6 +14,7 @@ import pandas as pd
 
 from ablate.config import RECIPE_LR_TAG, TUNED_TAG, default_tracking_uri
 from ablate.errors import AblateError
+from ablate.lrstudy import EDGE_TAG
 from ablate.report import scope
 from ablate.tracking.history import latest_per_step
 from ablate.tracking.params import (
@@ -244,6 +245,7 @@ def load_runs(
                 "lr": _float(p.get("trainer.lr")),
                 "tuned": TUNED_TAG in tags,  # at the lr its strategy's study picked
                 "recipe_lr": tags.get(RECIPE_LR_TAG),  # the lr that one replaced
+                "lr_edge": tags.get(EDGE_TAG),  # that lr lay at its study's range's edge
                 "option_keys": tags.get(OPTION_KEYS_TAG),  # its option's own keys, as it ran
                 "resumed": tags.get(RESUMED_TAG) == "true",  # its MLflow run reopened
                 "cpu": tags.get(CPU_TAG),  # the machine its times were measured on
@@ -356,6 +358,7 @@ _RUN_COLUMNS = [
     "lr",
     "tuned",
     "recipe_lr",
+    "lr_edge",
     "option_keys",
     "resumed",
     "cpu",

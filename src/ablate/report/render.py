@@ -88,10 +88,14 @@ def _mcnemar(r) -> str:
     return p_value(r.mcnemar_p_holm) + (f" ({tested})" if tested else "")
 
 
-def _lr(lr: float, source: str) -> str:
+def _lr(lr: float, source: str, interior: object) -> str:
+    """The lr shown for a strategy: where its study picked it, and whether that pick lay at the
+    edge of the range the study searched (``lr_interior`` False)."""
     if lr is None or math.isnan(lr):
         return "–"
-    return f"{lr:.2g}" + (" (its study's)" if source == LR_FROM_STUDY else "")
+    if source != LR_FROM_STUDY:
+        return f"{lr:.2g}"
+    return f"{lr:.2g} (its study's" + (", **at its range's edge**)" if interior is False else ")")
 
 
 def table(report: Report, panel: str | None = None) -> pd.DataFrame:
@@ -109,7 +113,7 @@ def table(report: Report, panel: str | None = None) -> pd.DataFrame:
             {
                 "dataset": r.panel,
                 "strategy": r.strategy,
-                "lr": _lr(r.lr, r.lr_from),
+                "lr": _lr(r.lr, r.lr_from, r.lr_interior),
                 f"dev {r.metric} (%)": dev,
                 "n": r.n,
                 f"test {r.metric} (%)": _num(r.test_mean_pct)

@@ -232,6 +232,7 @@ def _panels(df: pd.DataFrame) -> pd.Series:
 
 _SUMMARY_COLUMNS = [
     "panel", "data", "model", "settings", "strategy", "metric", "n", "seeds", "lr", "lr_from",
+    "lr_interior",
     "dev_mean_pct", "dev_std_pct", "dev_ci_low_pct", "dev_ci_high_pct", "dev_ci_method",
     "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
     "trainable_params_m", "total_params_m", "param_savings_pct",
