@@ -13,7 +13,6 @@ import bench_gpu
 import gpu_assets
 import gpu_report
 import gpu_table
-import grid_overhead
 import pytest
 
 # the dry run's table recipes (A1 runs best plain compiled: the one compile of the dry run)
@@ -179,25 +178,6 @@ def test_step_stats_read_the_epochs_after_the_first_and_split_new_from_seen_shap
         "| m | none | best plain | 4.00 | 12.5 | 31.9 | 35.0 (2) | 11.5 (4) | 1.33 | 0.50 | 0.25 |"
         in text
     )
-
-
-MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "measured"
-
-
-def test_the_gpu_tables_in_the_docs_are_the_measured_runs_rendered():
-    speed = (MEASURED.parents[1] / "docs" / "speed.md").read_text(encoding="utf-8")
-    runs = sorted(MEASURED.glob("*.json"))
-    assert any(p.name.startswith("gpu-") for p in runs), "no measured GPU run is kept"
-    for path in runs:
-        saved = json.loads(path.read_text())
-        measured_on = "NVIDIA" if path.name.startswith("gpu-") else "CPU"  # as each is named
-        assert saved["meta"]["device"].startswith(measured_on), path.name
-        overhead = path.name.startswith("cpu-overhead-")  # a grid before and after a change
-        rendered = (grid_overhead.render if overhead else gpu_table.render)(saved)
-        tables = [b for b in rendered.split("\n\n") if b.startswith("| ")]
-        assert tables
-        for block in tables:  # each table of the run, as the tool renders it
-            assert block.strip() in speed, f"docs/speed.md lacks {path.name}'s table"
 
 
 def test_table_reads_the_epochs_after_the_first_and_says_why_a_job_has_none():
