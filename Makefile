@@ -20,12 +20,19 @@ TRACKING_URI = $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+# torch first and pinned (PyPI's Linux wheel is a CUDA build of GBs; here pip finds a local CPU
+# wheel). TORCH_INDEX names the wheel index: by default pip's own, or where nvidia-smi answers
+# CUDA's (TORCH_CUDA_INDEX: pick the CUDA your driver runs); TORCH_INDEX=<url> for any other.
+TORCH := torch==2.13.0
+TORCH_CUDA_INDEX ?= https://download.pytorch.org/whl/cu128
+TORCH_INDEX ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo $(TORCH_CUDA_INDEX))
+
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned: here it is a local CPU wheel; unpinned it pulls GBs of CUDA.
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[dev]'
+	@$(PY) -c 'import torch; print("torch", torch.__version__, "CUDA:", torch.cuda.is_available())'
 	touch $(STAMP)
 
 $(LOCAL):
