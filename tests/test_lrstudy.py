@@ -24,6 +24,7 @@ from helpers.store import logged_runs, new_store
 from mlflow import MlflowClient
 from omegaconf import open_dict
 
+from ablate import report
 from ablate.archive.__main__ import main as archive_main
 from ablate.errors import AblateError
 from ablate.lrstudy import PRUNED_EPOCH_TAG, PRUNED_TAG, RANGE_TAG, TRIAL_TAG, interior, position
@@ -232,6 +233,12 @@ def test_a_losing_trial_is_pruned_tagged_and_no_candidate(
         MlflowClient(store).log_metric(r.info.run_id, "best_dev_accuracy", tied, step=10**6)
     assert tuned_lr(cfg, "x").run_id == first.info.run_id
     assert best(study_cli.study_of(cfg)).run_id == first.info.run_id
+    # trials run without a preset land in the main experiment: the report leaves them out (their
+    # lr is what they vary), not a panel per trial
+    with pytest.raises(AblateError) as why:
+        report.make_report("ablate", store)
+    study = f"a trial of the lr study {cfg.tracking.tags.study}, not a grid's run"
+    assert str(why.value).startswith("no usable runs in ") and study in str(why.value)
     _continues_after_import(slice_root, archive, args, said.err, drawn, tmp_path, capsys, caplog)
 
 

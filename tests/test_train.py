@@ -229,6 +229,11 @@ def test_a_multirun_is_one_parent_run_whose_children_are_its_jobs(slice_root, tm
     second = next(p for p in sweep_parents(store, "grid") if p.info.run_id != parent.info.run_id)
     assert second.info.status == "FINISHED"
     assert second.data.metrics["dev_accuracy/alt"] == pytest.approx(by_strategy["alt"])
+    # its MLflow page links each run it reused: they are not its children
+    note = second.data.tags["mlflow.note.content"]
+    for r in runs:
+        link = f"[{r.info.run_name}](#/experiments/{r.info.experiment_id}/runs/{r.info.run_id})"
+        assert link in note.split("Reused, FINISHED earlier (skip_finished), not children: ")[1]
 
 
 def test_a_sweep_that_recorded_no_run_leaves_none(store, capsys):

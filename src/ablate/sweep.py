@@ -242,7 +242,7 @@ def end_sweep(
         described += f"; stopped by {stopped_by}" if stopped_by else "; did not complete"
     client.set_tag(run_id, "ablate.jobs", described)
     _shared_params(client, run_id, runs)
-    summary = _report(client, run_id, uri, experiment)
+    summary = _report(client, run_id, uri, experiment, reused)
     for key in LIVENESS:  # only a RUNNING run needs them
         if key in tags:
             client.delete_tag(run_id, key)
@@ -301,9 +301,10 @@ def _summary_metrics(client, run_id: str, summary) -> None:
         client.log_batch(run_id, metrics=metrics)
 
 
-def _report(client, run_id: str, uri: str, experiment: str) -> str:
+def _report(client, run_id: str, uri: str, experiment: str, reused: list) -> str:
     """The report over a sweep's runs, logged as the parent's ``report/``, its metrics and
-    description; returns its tables."""
+    description (with a link to each run it ``reused``: MLflow's page lists only the children);
+    returns its tables."""
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
     from ablate.report import build, load_runs, write
@@ -317,7 +318,14 @@ def _report(client, run_id: str, uri: str, experiment: str) -> str:
         text = tables(report)
         _summary_metrics(client, run_id, report.summary)
         note = f"{tables(report, short=True)}\nEvery column, the charts and the runs left out: "
-        client.set_tag(run_id, MLFLOW_RUN_NOTE, note + "Artifacts, report/summary.md.")
+        note += "Artifacts, report/summary.md."
+        if reused:
+            links = ", ".join(
+                f"[{r.info.run_name}](#/experiments/{r.info.experiment_id}/runs/{r.info.run_id})"
+                for r in reused
+            )
+            note += f"\n\nReused, FINISHED earlier (skip_finished), not children: {links}."
+        client.set_tag(run_id, MLFLOW_RUN_NOTE, note)
     except AblateError as exc:
         client.set_tag(run_id, "ablate.report", str(exc)[:5000])
         return ""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablate.config import RECIPE_LR_TAG, TUNED_TAG, default_tracking_uri
+from ablate.config import RECIPE_LR_TAG, STUDY_TAG, TUNED_TAG, default_tracking_uri
 from ablate.errors import AblateError
 from ablate.lrstudy import EDGE_TAG
 from ablate.report import scope
@@ -246,6 +246,7 @@ def load_runs(
                 "tuned": TUNED_TAG in tags,  # at the lr its strategy's study picked
                 "recipe_lr": tags.get(RECIPE_LR_TAG),  # the lr that one replaced
                 "lr_edge": tags.get(EDGE_TAG),  # that lr lay at its study's range's edge
+                "study": tags.get(STUDY_TAG),  # an lr study's trial: its study
                 "option_keys": tags.get(OPTION_KEYS_TAG),  # its option's own keys, as it ran
                 "resumed": tags.get(RESUMED_TAG) == "true",  # its MLflow run reopened
                 "cpu": tags.get(CPU_TAG),  # the machine its times were measured on
@@ -359,6 +360,7 @@ _RUN_COLUMNS = [
     "tuned",
     "recipe_lr",
     "lr_edge",
+    "study",
     "option_keys",
     "resumed",
     "cpu",

@@ -163,6 +163,8 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     ident = df[["data", "model", "freeze"]].notna().all(axis=1) & df.seed.notna()
     for row in df[~ident].itertuples():
         reasons[row.run_id] = "not an ablate training run (no data/model/freeze/seed params)"
+    for row in df[ident & df.study.notna()].itertuples():  # its lr is what it varies, not a cell
+        reasons[row.run_id] = f"a trial of the lr study {row.study}, not a grid's run"
     for row in df[ident & (df.status != "FINISHED")].itertuples():
         why = f": {row.error}" if isinstance(row.error, str) else ""
         reasons[row.run_id] = f"{row.status}{why}"
