@@ -111,7 +111,7 @@ def plan_workers(launcher, cpus: int | None = None, free_mib: list[int] | None =
         f"n_jobs=auto: {len(free)} GPU(s) with {', '.join(f'{m / 1024:.0f}' for m in free)} GiB "
         f"free, {how}, {cpus} CPUs: {workers} jobs at once"
     )
-    if workers > len(free):  # the operator's choice, measured in docs/speed.md
+    if workers > len(free):  # the operator's choice, measured in benchmarks/JOURNAL.md
         why += " (several a GPU: NVIDIA's MPS daemon runs them side by side, docs/operations.md)"
     return workers, why
 
