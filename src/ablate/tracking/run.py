@@ -210,50 +210,14 @@ def start_run(
     KILLED one deleted (MLflow can delete a run, not a metric). Its record is journaled in the
     job folder (``tracking.outage_min``, ``ablate.tracking.replay``).
     """
-    from mlflow.tracking.context import registry as context
-
     uri = cfg.tracking.uri
     experiment_id = prepare(uri, cfg.tracking.experiment, cfg.tracking.stale_after_min)
     client = MlflowClient(tracking_uri=uri)
     ident = identity(cfg, data_sha256)
-    folder = requeued_from()
-    resumed = latest_run(client, experiment_id, ident, "KILLED", folder) if folder else None
-    if not resumed and cfg.trainer.resume:
-        resumed = latest_run(client, experiment_id, ident, "KILLED")
-    started_over = {}
-    if resumed is not None and resumable is not None and not resumable(resumed):
-        old = resumed.info.run_id
-        log.warning(
-            "run %s was KILLED before its first epoch checkpoint: nothing to resume, so it starts "
-            "over as a new run (the KILLED one is deleted; mlflow runs restore --run-id %s "
-            "brings it back)",
-            old,
-            old,
-        )
-        client.delete_run(old)
-        resumed, started_over = None, {"ablate.started_over": old}
     this_process = dict(zip(LIVENESS, (json.dumps(process()), f"{time.time():.0f}"), strict=True))
-    if resumed is not None:
-        run_id = resumed.info.run_id
-        # before it is RUNNING again: a job starting meanwhile must not take the dead process's
-        # pid, still in its tags, for this run's and mark it KILLED
-        for key, value in this_process.items():
-            client.set_tag(run_id, key, value)
-        adopt(client, resumed)  # a later sweep's job: that sweep's child now
-        client.update_run(run_id, status="RUNNING")
-    else:
-        if (twin := latest_run(client, experiment_id, ident, "FINISHED")) is not None:
-            log.info(  # skip_finished=false; the report takes the newer of the two
-                "an identical config already FINISHED as run %s (%s); training it again as a "
-                "second run, which the report takes in its place (skip_finished=true reuses it)",
-                twin.info.run_name,
-                twin.info.run_id,
-            )
-        tags = {MLFLOW_RUN_NAME: run_name(cfg)}
-        if (parent := sweep_parent()) is not None:
-            tags[MLFLOW_PARENT_RUN_ID] = parent
-        # the tags mlflow.start_run adds (source, user, git), without its process-global state
-        run_id = client.create_run(experiment_id, tags=context.resolve_tags(tags)).info.run_id
+    run_id, resumed, started_over = _open(
+        client, experiment_id, cfg, ident, resumable, this_process
+    )
     with contextlib.suppress(MlflowException):  # a view to open, not the run's record
         ui_links.set_view(client, experiment_id, cfg.data.task)
     # params, tags and metrics gathered into one batch until the next other record or beat
@@ -263,28 +227,7 @@ def start_run(
     wait = cfg.tracking.outage_min
     with stop_signals() as previous:
         try:
-            if resumed is None:  # a reopened run keeps its params (re-logging one would raise)
-                resolved = OmegaConf.to_container(cfg, resolve=True)
-                run.journal.params(
-                    flatten(resolved)
-                    if strategy_keys is None
-                    else selected(cfg, strategy_keys, _named())
-                )
-                run.text(OmegaConf.to_yaml(resolved), "config.yaml")
-                if HydraConfig.initialized():
-                    hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
-                    if hydra_dir.is_dir():
-                        run.artifacts(str(hydra_dir), ".hydra")
-            else:
-                run.tags({RESUMED_TAG: "true"})
-            run.tags(started_over)
-            env = environment()
-            run.tags({**git_tags(), "device": env["device"], CPU_TAG: env["cpu"], **sweep_tags()})
-            own = ",".join(sorted(option_keys(cfg.freeze.name))) if "name" in cfg.freeze else ""
-            run.tags({"ablate.identity": ident, OPTION_KEYS_TAG: own, **this_process})
-            run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr study trial's study=<name>)
-            output = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
-            run.info("environment", {**env, "output_dir": output})
+            _record_start(run, cfg, strategy_keys, ident, {**started_over, **this_process})
             yield run
         except (KeyboardInterrupt, Interrupted) as exc:
             # interrupted, not broken: resumable from its last epoch checkpoint
@@ -309,6 +252,79 @@ def start_run(
                 done.append("error")
             run.journal.untag(done)
             run.end("FINISHED", wait)
+
+
+def _open(client, experiment_id: str, cfg: TrainCore, ident: str, resumable, this_process):
+    """The run this job records into: the KILLED run of the same config it resumes (requeued
+    into its job folder, or ``trainer.resume``; one with nothing to resume from is deleted and
+    started over), else a new one (in a sweep, the sweep's child). Returns its id, the resumed
+    run (or None) and the tag naming a run it started over."""
+    from mlflow.tracking.context import registry as context
+
+    folder = requeued_from()
+    resumed = latest_run(client, experiment_id, ident, "KILLED", folder) if folder else None
+    if not resumed and cfg.trainer.resume:
+        resumed = latest_run(client, experiment_id, ident, "KILLED")
+    started_over = {}
+    if resumed is not None and resumable is not None and not resumable(resumed):
+        old = resumed.info.run_id
+        log.warning(
+            "run %s was KILLED before its first epoch checkpoint: nothing to resume, so it starts "
+            "over as a new run (the KILLED one is deleted; mlflow runs restore --run-id %s "
+            "brings it back)",
+            old,
+            old,
+        )
+        client.delete_run(old)
+        resumed, started_over = None, {"ablate.started_over": old}
+    if resumed is not None:
+        run_id = resumed.info.run_id
+        # before it is RUNNING again: a job starting meanwhile must not take the dead process's
+        # pid, still in its tags, for this run's and mark it KILLED
+        for key, value in this_process.items():
+            client.set_tag(run_id, key, value)
+        adopt(client, resumed)  # a later sweep's job: that sweep's child now
+        client.update_run(run_id, status="RUNNING")
+        return run_id, resumed, started_over
+    if (twin := latest_run(client, experiment_id, ident, "FINISHED")) is not None:
+        log.info(  # skip_finished=false; the report takes the newer of the two
+            "an identical config already FINISHED as run %s (%s); training it again as a "
+            "second run, which the report takes in its place (skip_finished=true reuses it)",
+            twin.info.run_name,
+            twin.info.run_id,
+        )
+    tags = {MLFLOW_RUN_NAME: run_name(cfg)}
+    if (parent := sweep_parent()) is not None:
+        tags[MLFLOW_PARENT_RUN_ID] = parent
+    # the tags mlflow.start_run adds (source, user, git), without its process-global state
+    run_id = client.create_run(experiment_id, tags=context.resolve_tags(tags)).info.run_id
+    return run_id, None, started_over
+
+
+def _record_start(run: Run, cfg: TrainCore, strategy_keys, ident: str, tags: dict) -> None:
+    """What a run records as it starts: a new run its params (those its strategy reads, with
+    ``strategy_keys``), ``config.yaml`` and ``.hydra/``, a reopened one that it resumed; then
+    the tags of its code, machine, sweep, identity and process (``tags``), the config's own, and
+    its environment."""
+    if run.resumed is None:  # a reopened run keeps its params (re-logging one would raise)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        run.journal.params(
+            flatten(resolved) if strategy_keys is None else selected(cfg, strategy_keys, _named())
+        )
+        run.text(OmegaConf.to_yaml(resolved), "config.yaml")
+        if HydraConfig.initialized():
+            hydra_dir = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
+            if hydra_dir.is_dir():
+                run.artifacts(str(hydra_dir), ".hydra")
+    else:
+        run.tags({RESUMED_TAG: "true"})
+    env = environment()
+    run.tags({**git_tags(), "device": env["device"], CPU_TAG: env["cpu"], **sweep_tags()})
+    own = ",".join(sorted(option_keys(cfg.freeze.name))) if "name" in cfg.freeze else ""
+    run.tags({"ablate.identity": ident, OPTION_KEYS_TAG: own, **tags})
+    run.tags(cfg.tracking.tags)  # the config's own (e.g. an lr study trial's study=<name>)
+    output = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
+    run.info("environment", {**env, "output_dir": output})
 
 
 def _end_keeping(run: Run, status: str, wait_min: float) -> None:
