@@ -37,7 +37,8 @@ def test_notebook_runs_headless_on_the_same_module(report_grid, monkeypatch, tmp
 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(report.CHARTS)
+    # the four charts, and the grid's POS panel's confusions
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(report.CHARTS) + 1
     assert all((out / name).stat().st_size > 0 for name in CHART_FILES)
     shown = "\n".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
     for strategy, runs in logged(report_grid).items():
@@ -47,7 +48,7 @@ def test_notebook_runs_headless_on_the_same_module(report_grid, monkeypatch, tmp
     assert Path(outputs[-1].text.strip()) == Path(sys.executable)
     assert list(pd.read_csv(out / "summary.csv").strategy) == ["none", "all"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["summary.csv", "summary.md", "runs.csv", *CHART_FILES]
+        ["summary.csv", "summary.md", "runs.csv", "per_tag.csv", *CHART_FILES, "confusion.png"]
     )
 
     # Unset, the folder is one of its own, never `make report`'s reports/, and its text says so

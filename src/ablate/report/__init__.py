@@ -6,8 +6,9 @@ and the notebook choose them); ``build`` turns them into a summary per
 dataset with intervals vs the ``none`` baseline, each panel's settings beyond the defaults in
 words (``recipe``), and lists every run it leaves out (``summary``, ``cell``, ``stats``);
 ``write`` saves ``summary.csv``, ``summary.md``, ``runs.csv`` and one PNG per chart (``render``,
-``charts``). ``notebooks/compare.ipynb`` calls the same functions; ``lrstudy`` is the
-lr study's table. Imports nothing of the training code.
+``charts``); a word-tagging task's per-tag accuracy and confusions (``per_tag``).
+``notebooks/compare.ipynb`` calls the same functions; ``lrstudy`` is the lr study's table.
+Imports nothing of the training code.
 """
 
 from ablate.report.load import Runs, describe_source, load_runs, load_scope

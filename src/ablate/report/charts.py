@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from ablate.report import layout
+from ablate.report import layout, per_tag
 from ablate.report.summary import Report
 from ablate.report.timing import SPREAD, loaded, machines, savings_loaded, savings_spread, unloaded
 
@@ -295,5 +296,73 @@ def train_time(report: Report):
             "Training time per strategy and savings vs the baseline",
             "time spent training (dev evaluation excluded); bars: mean over seeds, "
             f"dots: seeds; labels: change vs {b}{said}",
+        )
+    return fig
+
+
+def _heatmap(ax, frame: pd.DataFrame, words: pd.Series, ticks, signed=False, **kwargs) -> None:
+    """One confusion heatmap: whole percents (``+``/``-`` on a difference), cells under half a
+    point left blank (most: a tag seldom taken for another), each gold tag named with its words;
+    its colour bar's ``ticks``."""
+    small = frame.isna() | (frame.abs() < 0.5)
+    form = FuncFormatter(lambda x, _=None: f"{x:+.0f}" if signed and abs(x) >= 0.5 else f"{x:.0f}")
+    text = frame.map(form).where(~small, "")
+    sns.heatmap(frame, ax=ax, annot=text.to_numpy(), fmt="", mask=small, square=True,
+                linewidths=0.4, linecolor="0.92", xticklabels=True, annot_kws={"fontsize": 7.5},
+                yticklabels=[f"{t} ({words.get(t, 0):,.0f})" for t in frame.index],
+                cbar_kws={"shrink": 0.7, "ticks": ticks, "format": form}, **kwargs)  # fmt: skip
+    ax.grid(False)  # the style's grid would cross the cells
+    ax.set(xlabel="predicted tag", ylabel="gold tag (its words)")
+    ax.tick_params(axis="x", labelrotation=90)
+    ax.tick_params(axis="y", labelrotation=0)
+
+
+def confusion(report: Report):
+    """Confusions of each panel whose task tags words (``per_tag.shown``): the baseline's and
+    the best other strategy's (by dev score), each row a gold tag's words split by the tag
+    predicted (%, mean over seeds), and their difference (pt)."""
+    from matplotlib.colors import PowerNorm, SymLogNorm
+
+    shown = per_tag.shown(report)
+    cols = max(len(names) + (len(names) == 2) for _, _, names in shown)
+    table = report.per_tag.table
+    with layout.style():
+        fig, axes = plt.subplots(
+            len(shown), cols, figsize=(6.3 * cols, 6.2 * len(shown)), squeeze=False,
+            layout="constrained",
+        )  # fmt: skip
+        for row, (panel, split, names) in zip(axes, shown, strict=True):
+            frames = [report.per_tag.confusion[panel, name, split] for name in names]
+            here = table[(table.panel == panel) & (table.split == split)]
+            words = here.groupby("tag").words.first()
+            name = layout.panel_title(report, panel)
+            for i, (ax, strategy, frame) in enumerate(zip(row, names, frames, strict=False)):
+                role = " (baseline)" if strategy == report.baseline else ""
+                # a power scale: the few percent a tag is taken for another show beside the
+                # ~95 % of its diagonal; one colour bar for both
+                norm = PowerNorm(0.5, vmin=0, vmax=100)
+                last = i == len(frames) - 1
+                ticks = [0, 5, 20, 50, 100]
+                _heatmap(ax, frame, words, ticks, cmap="rocket_r", norm=norm, cbar=last)
+                ax.set_title(f"{name}\n{strategy}{role}: % of each gold tag's {split} words")
+            if len(frames) == 2:
+                diff = frames[1] - frames[0]
+                lim = max(float(np.nanmax(np.abs(diff.to_numpy()))), 1.0)
+                # linear within a point, logarithmic beyond: a rare tag's -30 does not wash out
+                # the common tags' few points
+                norm = SymLogNorm(linthresh=1, vmin=-lim, vmax=lim)
+                ticks = sorted(
+                    {0, *(s * t for t in (1, 10, int(lim)) if t <= lim for s in (1, -1))}
+                )
+                _heatmap(row[2], diff, words, ticks, signed=True, cmap="vlag", norm=norm)
+                row[2].set_title(f"{name}\n{names[1]} − {names[0]} (pt)")
+            for ax in row[len(frames) + (len(frames) == 2) :]:
+                fig.delaxes(ax)
+        layout.titles(
+            fig,
+            report,
+            f"Confusions: the baseline and the best other strategy by dev {layout.metric(report)}",
+            "each row: a gold tag's words by the tag predicted (%, mean over seeds; blank: under "
+            "0.5); right: their difference, red where the best strategy predicts a cell more often",
         )
     return fig

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ablate.config import project_root
+from ablate.report import per_tag
 from ablate.report.cell import LR_FROM_STUDY
 from ablate.report.delta import BASELINE_METHOD, COLUMNS
 from ablate.report.recipe import heading
@@ -18,6 +19,8 @@ from ablate.report.timing import loaded, savings_loaded
 from ablate.tables import inline, markdown_table
 
 CHARTS = ("accuracy", "convergence", "accuracy_vs_params", "train_time")
+# drawn where a panel's task tags words and its runs logged their predictions
+CONFUSION = "confusion"
 # runs.csv: each run behind the summary, where it came from (its commit) and what it measured.
 RUN_COLUMNS = [
     "panel",
@@ -236,8 +239,9 @@ def markdown(report: Report, charts: bool = True) -> str:
     ]
     if report.notes:
         lines += ["Notes:", "", *[f"- {inline(n)}" for n in report.notes], ""]
+    lines += per_tag.markdown(report)
     if charts:
-        lines += ["## Charts", ""] + [f"![{c}]({c}.png)" for c in CHARTS] + [""]
+        lines += ["## Charts", ""] + [f"![{c}]({c}.png)" for c in charts_of(report)] + [""]
     lines += ["## Runs left out", ""]
     if report.excluded.empty:  # a sweep's jobs without a run are rows of their own
         lines += ["None: every run found was used.", ""]
@@ -254,14 +258,20 @@ def _missing(report: Report) -> str:
     return f", {n} missing (no run: see Runs left out)" if n else ""
 
 
+def charts_of(report: Report) -> tuple[str, ...]:
+    """The charts ``report`` draws: ``CHARTS``, and ``CONFUSION`` where it has confusions."""
+    return (*CHARTS, CONFUSION) if per_tag.shown(report) else CHARTS
+
+
 def default_out_dir() -> Path:
     """``reports/`` at the project root (ignored by git)."""
     return project_root() / "reports"
 
 
 def write(report: Report, out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Write ``summary.csv``, ``summary.md``, ``runs.csv`` (the runs used) and one PNG per chart;
-    return their paths by name."""
+    """Write ``summary.csv``, ``summary.md``, ``runs.csv`` (the runs used), ``per_tag.csv``
+    (where the report has per-tag accuracies) and one PNG per chart; return their paths by
+    name."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no window, whatever the environment's default
@@ -274,7 +284,13 @@ def write(report: Report, out_dir: str | Path | None = None) -> dict[str, Path]:
     paths = {n: out / n for n in ("summary.csv", "summary.md", "runs.csv")}
     report.summary.to_csv(paths["summary.csv"], index=False)
     report.runs.reindex(columns=RUN_COLUMNS).to_csv(paths["runs.csv"], index=False)
-    for name in CHARTS:
+    # a file this report has none of is removed: an earlier report's would pass for this one's
+    (out / "per_tag.csv").unlink(missing_ok=True)
+    (out / f"{CONFUSION}.png").unlink(missing_ok=True)
+    if report.per_tag is not None and not report.per_tag.table.empty:
+        paths["per_tag.csv"] = out / "per_tag.csv"
+        report.per_tag.table.to_csv(paths["per_tag.csv"], index=False)
+    for name in charts_of(report):
         fig = getattr(charts, name)(report)
         paths[name] = out / f"{name}.png"
         fig.savefig(paths[name], dpi=120, bbox_inches="tight")

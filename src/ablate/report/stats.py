@@ -119,16 +119,19 @@ class Predictions:
     def __init__(self, uri: str, enabled: bool):
         self.uri, self.enabled, self.cache = uri, enabled, {}
 
+    def ids(self, run_id: str, split: str = "dev") -> tuple[np.ndarray, np.ndarray] | None:
+        """Gold and predicted label ids of a run on ``split`` (``load_predictions``), or None
+        where it logged none there or predictions are not read."""
+        if not self.enabled:
+            return None
+        if (run_id, split) not in self.cache:
+            self.cache[run_id, split] = load_predictions(self.uri, run_id, split)
+        return self.cache[run_id, split]
+
     def correct(self, run_ids: Sequence[str], split: str = "dev") -> list[np.ndarray] | None:
         """Item-level correctness (0/1) of each run on ``split``, or None unless every run logged
         its predictions there and all share the same gold."""
-        if not self.enabled:
-            return None
-        loaded = []
-        for run_id in run_ids:
-            if (run_id, split) not in self.cache:
-                self.cache[run_id, split] = load_predictions(self.uri, run_id, split)
-            loaded.append(self.cache[run_id, split])
+        loaded = [self.ids(run_id, split) for run_id in run_ids]
         if any(p is None for p in loaded):
             return None
         gold = loaded[0][0]

@@ -22,6 +22,7 @@ from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs 
 from ablate.report.cell import summary_row
 from ablate.report.delta import adjust, disagreements
 from ablate.report.load import Runs, describe_source, load_runs
+from ablate.report.per_tag import PerTag, per_tag
 from ablate.report.stats import N_BOOT, Predictions
 from ablate.report.timing import time_notes
 from ablate.tracking.params import option_keys, settings
@@ -55,6 +56,7 @@ class Report:
     notes: list[str]
     source: dict[str, str]
     baseline: str = BASELINE
+    per_tag: PerTag | None = None  # a word-tagging task's per-tag accuracy and confusions
 
 
 def own_keys(freeze: str, recorded: object) -> frozenset[str]:
@@ -266,7 +268,8 @@ def build(
     test, pairs runs by seed: a t-interval of the per-seed differences with >= 3 seeds, else a
     bootstrap over the split's items (words or sentences; ``n_boot`` resamples, RNG seed
     ``boot_seed``) when its predictions were logged; McNemar's test per seed on test items; each
-    panel's p-values Holm-adjusted across its comparisons (``delta``).
+    panel's p-values Holm-adjusted across its comparisons (``delta``). A word-tagging task's
+    panels get per-tag accuracies and confusions from the runs' predictions (``per_tag``).
     """
     used, excluded = _select(runs)
     if used.empty:
@@ -310,6 +313,7 @@ def build(
                 f"{group['items'].iloc[0]}."
             )
     summary = pd.DataFrame(rows).reindex(columns=_SUMMARY_COLUMNS)
+    tagged = per_tag(summary, used, preds, baseline) if predictions else None
     history = runs.history[runs.history.run_id.isin(used.run_id)].copy()
     history["panel"] = history.run_id.map(used.set_index("run_id").panel)
     return Report(
@@ -320,6 +324,7 @@ def build(
         notes=notes,
         source=runs.source,
         baseline=baseline,
+        per_tag=tagged,
     )
 
 
