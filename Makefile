@@ -85,7 +85,7 @@ bench-gpu: ## ablate vs the plain recipe on a GPU in 9 minutes: reports/bench-gp
 	@if [ -d $(GPU_ASSETS)/wheels ]; then $(GPU_PY) benchmarks/gpu_assets.py install $(GPU_ASSETS); fi
 	PYTHONPATH=$(CURDIR)/src HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 $(GPU_PY) benchmarks/bench_gpu.py --assets $(GPU_ASSETS) --out "$${OUT:-reports/bench-gpu}" $(ARGS)
 
-report: $(STAMP) ## report of the latest sweep with runs into reports/ (ARGS="--all" or "--sweep DIR")
+report: $(STAMP) ## report of the latest sweep with runs into reports/ (ARGS="--all", "--sweep DIR", or "--sweep A --sweep B": side by side)
 	$(PY) -m ablate.report --uri "$(TRACKING_URI)" $(ARGS)
 
 # JupyterLab refuses to start as root (a container on a GPU server) without --allow-root.

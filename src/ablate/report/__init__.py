@@ -6,9 +6,9 @@ and the notebook choose them); ``build`` turns them into a summary per
 dataset with intervals vs the ``none`` baseline, each panel's settings beyond the defaults in
 words (``recipe``), and lists every run it leaves out (``summary``, ``cell``, ``stats``);
 ``write`` saves ``summary.csv``, ``summary.md``, ``runs.csv`` and one PNG per chart (``render``,
-``charts``); a word-tagging task's per-tag accuracy and confusions (``per_tag``).
-``notebooks/compare.ipynb`` calls the same functions; ``lrstudy`` is the lr study's table.
-Imports nothing of the training code.
+``charts``); a word-tagging task's per-tag accuracy and confusions (``per_tag``); several sweeps
+side by side (``load_sweeps``, ``sweeps``). ``notebooks/compare.ipynb`` calls the same
+functions; ``lrstudy`` is the lr study's table. Imports nothing of the training code.
 """
 
 from ablate.report.load import Runs, describe_source, load_runs, load_scope
@@ -23,6 +23,7 @@ from ablate.report.summary import (
     settings,
     strategy_order,
 )
+from ablate.report.sweeps import load_sweeps
 
 __all__ = [
     "BASELINE",
@@ -37,6 +38,7 @@ __all__ = [
     "load_predictions",
     "load_runs",
     "load_scope",
+    "load_sweeps",
     "make_report",
     "markdown",
     "settings",

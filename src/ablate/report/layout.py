@@ -145,7 +145,8 @@ def titles(fig, report: Report, title: str, subtitle: str) -> None:
     fig.text(
         0.0,
         -0.02,
-        f"Source: MLflow experiment '{src.get('experiment')}', {len(report.runs)} runs; "
+        f"Source: MLflow experiment '{src.get('experiment')}', {report.runs.run_id.nunique()} "
+        "runs; "
         + (
             f"baseline = {report.baseline}."
             if (report.runs.freeze == report.baseline).any()

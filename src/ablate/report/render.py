@@ -201,7 +201,8 @@ def markdown(report: Report, charts: bool = True) -> str:
         "",
         f"Experiment `{src.get('experiment')}` in `{src.get('uri')}`"
         + (f" ({inline(filters)})" if filters else "")
-        + f": {len(report.runs)} runs used, {int((report.excluded.status != 'MISSING').sum())} "
+        + f": {report.runs.run_id.nunique()} runs used, "
+        f"{int((report.excluded.status != 'MISSING').sum())} "
         f"left out{_missing(report)}. Every number is read from the runs' MLflow metrics.",
         "",
     ]
@@ -283,7 +284,8 @@ def write(report: Report, out_dir: str | Path | None = None) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {n: out / n for n in ("summary.csv", "summary.md", "runs.csv")}
     report.summary.to_csv(paths["summary.csv"], index=False)
-    report.runs.reindex(columns=RUN_COLUMNS).to_csv(paths["runs.csv"], index=False)
+    swept = ["sweep"] if "sweep" in report.runs else []  # sweeps compared
+    report.runs.reindex(columns=swept + RUN_COLUMNS).to_csv(paths["runs.csv"], index=False)
     # a file this report has none of is removed: an earlier report's would pass for this one's
     (out / "per_tag.csv").unlink(missing_ok=True)
     (out / f"{CONFUSION}.png").unlink(missing_ok=True)

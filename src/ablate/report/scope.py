@@ -96,10 +96,34 @@ def select(found: list, sweep: str, experiment: str) -> tuple[set[str], str | No
 
     A folder's sweeps are every sweep run there (a sweep started again in it) and the runs
     tagged with it by versions that opened no parent run."""
+    ids, folder, parents, why = _find(found, sweep, experiment)
+    if why:
+        raise _unknown(found, [why], experiment)
+    return ids, folder, parents
+
+
+def check(found: list, asked: list[str], experiment: str) -> None:
+    """Nothing where every sweep ``asked`` has runs, else one error naming each that has none
+    and the sweeps that have some."""
+    said = [why for sweep in asked if (why := _find(found, sweep, experiment)[3])]
+    if said:
+        raise _unknown(found, said, experiment)
+
+
+def _unknown(found: list, said: list[str], experiment: str) -> AblateError:
+    return AblateError(
+        f"{'; '.join(said)} (experiment {experiment!r}); "
+        f"{listing(found)}: pass one of their folders to --sweep, or --all for every run"
+    )
+
+
+def _find(found: list, sweep: str, experiment: str) -> tuple[set[str], str, list[str], str]:
+    """``select``'s run ids, folder and parent runs of ``sweep``, and where it has no runs, why
+    (``--sweep <it>: <why>``; else empty)."""
     if sweep == "latest":
         have = with_runs(found)
         if have:
-            return set(have[0].runs), have[0].folder, [have[0].run_id]
+            return set(have[0].runs), have[0].folder, [have[0].run_id], ""
         tagged = [r for r in found if "hydra.sweep_dir" in r.data.tags and not is_sweep(r)]
         if not tagged:
             empty = len(sweeps(found))
@@ -117,17 +141,15 @@ def select(found: list, sweep: str, experiment: str) -> tuple[set[str], str | No
         for r in found
         if r.data.tags.get("hydra.sweep_dir") == folder and not is_sweep(r)
     }
+    why = ""
     if not ids:
-        ran = (
+        why = (
             f"the sweeps run in {folder} have no runs ({_gone(found, here)})"
             if here
             else f"no sweep ran in {folder}"
         )
-        raise AblateError(
-            f"--sweep {sweep}: {ran} (experiment {experiment!r}); "
-            f"{listing(found)}: pass one of their folders to --sweep, or --all for every run"
-        )
-    return ids, folder, [s.run_id for s in reversed(here)]
+        why = f"--sweep {sweep}: {why}"
+    return ids, folder, [s.run_id for s in reversed(here)], why
 
 
 def _gone(found: list, here: list[Sweep]) -> str:

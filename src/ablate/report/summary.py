@@ -17,7 +17,7 @@ import pandas as pd
 from ablate import strategies
 from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
-from ablate.report import recipe
+from ablate.report import recipe, sweeps
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
 from ablate.report.cell import summary_row
 from ablate.report.delta import adjust, disagreements
@@ -226,10 +226,12 @@ def _select(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     return used, left
 
 
-def _panels(df: pd.DataFrame) -> pd.Series:
-    """A panel per dataset (and model, and group of settings, when there are several)."""
+def _panels(df: pd.DataFrame, sweep: str = "") -> pd.Series:
+    """A panel per dataset (and model, and the sweep where a report compares several, and group
+    of settings, when there are several)."""
     many_models = df.groupby("data").model.nunique().gt(1).any() if len(df) else False
     panel = df.data + " · " + df.model if many_models else df.data.copy()
+    panel = panel + f" · {sweep}" if sweep else panel
     grouped = df.group.fillna("") != ""
     return panel.where(~grouped, panel + " · " + df.group.fillna(""))
 
@@ -260,6 +262,7 @@ def build(
     n_boot: int = N_BOOT,
     boot_seed: int = 0,
     predictions: bool = True,
+    sweep: str = "",
 ) -> Report:
     """Summarise ``runs``: one row per dataset (and model) x strategy, in ``STRATEGY_ORDER``.
 
@@ -270,11 +273,18 @@ def build(
     ``boot_seed``) when its predictions were logged; McNemar's test per seed on test items; each
     panel's p-values Holm-adjusted across its comparisons (``delta``). A word-tagging task's
     panels get per-tag accuracies and confusions from the runs' predictions (``per_tag``).
+    Several sweeps' runs (``sweeps.Compared``) are each summarised so, their panels named by
+    their sweep (``sweep``), then side by side (``sweeps.merge``).
     """
+    if isinstance(runs, sweeps.Compared):
+        kwargs = {"baseline": baseline, "n_boot": n_boot, "boot_seed": boot_seed}
+        parts = {label: build(part, **kwargs, predictions=predictions, sweep=label)
+                 for label, part in runs.parts.items()}  # fmt: skip
+        return sweeps.merge(parts, runs.source)
     used, excluded = _select(runs)
     if used.empty:
         raise AblateError(_unusable(runs, excluded))
-    used = used.assign(panel=_panels(used))
+    used = used.assign(panel=_panels(used, sweep))
     named = used.groupby("data").model.nunique().le(1).all()  # the panels don't name the model
     preds = Predictions(runs.source.get("uri", default_tracking_uri()), predictions)
     boot = {"n_boot": n_boot, "seed": boot_seed}
