@@ -95,6 +95,14 @@ def test_the_confusion_chart_shows_the_baseline_the_best_other_strategy_and_thei
     ]
     assert overlaps(fig) == []
     plt.close(fig)
+    # without a baseline run, the best strategy alone
+    rep = report.build(report.load_runs("ablate", report_grid.store), baseline="first4")
+    assert per_tag.shown(rep) == [("UD_Naija-Slice", "test", ["none"])]
+    fig = charts.confusion(rep)
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == [
+        "UD_Naija-Slice\nnone: % of each gold tag's test words"
+    ]
+    plt.close(fig)
 
 
 def _drop_predictions(grid, split: str, strategies: set[str]) -> None:

@@ -363,6 +363,6 @@ def confusion(report: Report):
             report,
             f"Confusions: the baseline and the best other strategy by dev {layout.metric(report)}",
             "each row: a gold tag's words by the tag predicted (%, mean over seeds; blank: under "
-            "0.5); right: their difference, red where the best strategy predicts a cell more often",
+            "0.5); right: the difference (red: predicted more often)",
         )
     return fig

@@ -127,7 +127,7 @@ def shown(report) -> list[tuple[str, str, list[str]]]:
     for panel in report.summary.panel.unique():
         s = report.summary[report.summary.panel == panel]
         others = s[s.strategy != report.baseline].sort_values("dev_mean_pct", ascending=False)
-        wanted = [report.baseline, *others.strategy[:1]]
+        wanted = [x for x in (report.baseline, *others.strategy[:1]) if x in set(s.strategy)]
         for split in ("test", "dev"):
             have = [x for x in wanted if (panel, x, split) in pt.confusion]
             if have == wanted or (split == "dev" and have):
@@ -142,9 +142,10 @@ def markdown(report) -> list[str]:
     pt = report.per_tag
     if pt is None:
         return []
-    lines = [
-        "## Per-tag accuracy",
-        "",
+    lines = ["## Per-tag accuracy", ""]
+    if pt.table.empty:
+        return [*lines, inline(note(report)), ""]
+    lines += [
         "Of the words of each gold tag, the share a strategy tagged right (%, mean over seeds; "
         "a classification report's recall), counted from each run's logged predictions "
         "(`predictions/<split>.json`); words: the tag's gold words in the split. per_tag.csv "
@@ -159,7 +160,7 @@ def markdown(report) -> list[str]:
             wide = t.pivot(index="tag", columns="strategy", values="accuracy_pct")
             wide = wide.reindex(index=t.tag.unique(), columns=t.strategy.unique())
             cells = wide.map(lambda x: "–" if math.isnan(x) else f"{x:.1f}")
-            words = t.groupby("tag", sort=False).words.first().map(lambda w: f"{w:g}")
+            words = t.groupby("tag", sort=False).words.first().map(lambda w: f"{w:.0f}")
             cells.insert(0, "words", words)
             table = cells.reset_index(names="tag")
             right = [c for c in table.columns if c != "tag"]
