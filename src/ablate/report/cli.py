@@ -61,8 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: read runs, write the report, print where it went and what was left out."""
     parser = argparse.ArgumentParser(
         prog="python -m ablate.report",
-        description="Comparison report (summary.md, summary.csv, runs.csv, charts) from tracked "
-        "MLflow runs.",
+        description="Comparison report (summary.md, summary.csv, runs.csv, charts; for POS "
+        "per_tag.csv and a confusion chart) from tracked MLflow runs.",
     )
     parser.add_argument(
         "--uri",
