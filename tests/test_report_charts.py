@@ -229,3 +229,31 @@ def test_the_time_charts_seed_dots_show_on_the_baselines_dark_bar(report_grid):
         for c in dots
     )  # a white ring around each, whatever bar lies under it
     plt.close(fig)
+
+
+def test_a_strategy_at_chance_level_is_said_and_the_chance_line_drawn(report_grid):
+    import numpy as np
+
+    from ablate.report.chance import MARGIN_PT
+    from ablate.report.stats import load_predictions
+
+    rep = report.build(report.load_runs("ablate", report_grid.store, status="FINISHED"))
+    gold, _ = load_predictions(report_grid.store, rep.runs.run_id.iloc[0])
+    counts = np.unique(gold, return_counts=True)[1]
+    chance = 100 * counts.max() / counts.sum()  # always the most frequent dev tag
+    assert rep.summary.chance_pct.tolist() == pytest.approx([chance] * len(rep.summary))
+    near = rep.summary.dev_mean_pct <= chance + MARGIN_PT
+    assert rep.summary.at_chance.tolist() == near.tolist()
+    said = [n for n in rep.notes if "sits at chance level" in n]
+    assert len(said) == near.sum()
+    for r in rep.summary[near].itertuples():
+        assert any(f"`{r.strategy}` scores {r.dev_mean_pct:.2f} %" in n for n in said)
+
+    def chance_lines(summary) -> list:
+        shown = report.Report(**{**rep.__dict__, "summary": summary})
+        (ax, *_) = charts.accuracy(shown).axes
+        return [line for line in ax.lines if str(line.get_label()).startswith("chance")]
+
+    drawn = chance_lines(rep.summary.assign(at_chance=[True] + [False] * (len(rep.summary) - 1)))
+    assert len(drawn) == 1 and drawn[0].get_ydata()[0] == pytest.approx(chance)
+    assert chance_lines(rep.summary.assign(at_chance=False)) == []  # far above it: not drawn

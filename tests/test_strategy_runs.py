@@ -21,6 +21,7 @@ from transformers import DataCollatorForTokenClassification, TrainerCallback
 from ablate import report, strategies
 from ablate.data.encode import IGNORE, encode_words
 from ablate.lrstudy import cli as study_cli
+from ablate.lrstudy import interior, position
 from ablate.models import anatomy
 from ablate.models.build import load_tokenizer
 from ablate.tasks.pos import UPOS, read_conllu
@@ -267,7 +268,10 @@ def test_lr_study_a_study_per_option_for_two_options(slice_root, store, tmp_path
         assert top.data.params["freeze.name"] == option
         assert 1e-5 <= float(top.data.params["trainer.lr"]) <= 1e-3
         row = next(line for line in table.splitlines() if f"| {name} |" in line)
-        assert f"| 1 | 0 | 0 | {float(top.data.params['trainer.lr']):.3g} |" in row
+        lr = float(top.data.params["trainer.lr"])
+        inside = "yes" if interior(lr, [1e-5, 1e-3]) else "**no**"
+        where = f"{position(lr, [1e-5, 1e-3]):.2f} | {inside}"
+        assert f"| 1 | 0 | 0 | [1e-05, 0.001] | {lr:.3g} | {where} |" in row
         assert top.info.run_id in row
     # The same table again, from the store alone.
     assert study_cli.main(["--report-only", *overrides]) == 0
@@ -283,7 +287,8 @@ def test_lr_study_a_study_per_option_for_two_options(slice_root, store, tmp_path
         if r.data.params["data.max_train_sentences"] == "24"
     ]  # fmt: skip
     lr = float(new.data.params["trainer.lr"])
-    assert f"| 1 (+1 with other settings, not compared) | 0 | 0 | {lr:.3g} | best_dev_acc" in row
+    assert "| 1 (+1 with other settings, not compared) | 0 | 0 | [1e-05, 0.001] |" in row
+    assert f"| {lr:.3g} | {position(lr, [1e-5, 1e-3]):.2f} |" in row
     assert new.info.run_id in row
 
     # Every study in the store, each with its own task's objective (an NER trial logs F1).
@@ -296,4 +301,5 @@ def test_lr_study_a_study_per_option_for_two_options(slice_root, store, tmp_path
     assert study_cli.main(["--report-only", *overrides]) == 0
     rows = capsys.readouterr().out.splitlines()
     (ner_row,) = [r for r in rows if "lr-conll2003-tiny-none" in r]
-    assert f"| 1 | 0 | 0 | 0.0003 | best_dev_f1 | 0.5000 | {ner} |" in ner_row
+    # a trial that names no searched range: its table says so, not where its lr lies
+    assert f"| 1 | 0 | 0 | - | 0.0003 | - | - | best_dev_f1 | 0.5000 | {ner} |" in ner_row

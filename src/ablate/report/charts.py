@@ -56,6 +56,10 @@ def accuracy(report: Report):
             layout.baseline_line(
                 ax, layout.base_value(s, report, "dev_mean_pct"), f"{report.baseline} (baseline)"
             )
+            if s.at_chance.fillna(False).astype(bool).any():  # shown where it tells something
+                chance = s.chance_pct.iloc[0]
+                ax.axhline(chance, color="0.35", ls=":", lw=1.5, zorder=1,
+                           label=f"chance: the most frequent label ({chance:.1f} %)")  # fmt: skip
             layout.strategy_ticks(ax, order)
             ax.set_xlim(-0.5, len(order) - 0.5)
             ax.set(xlabel="freezing strategy", ylabel=layout.label(s.metric.iloc[0]))

@@ -17,7 +17,7 @@ import pandas as pd
 from ablate import strategies
 from ablate.config import default_tracking_uri
 from ablate.errors import AblateError
-from ablate.report import recipe, sweeps
+from ablate.report import chance, recipe, sweeps
 from ablate.report.cell import LR_FROM_STUDY as LR_FROM_STUDY  # where the docs read it
 from ablate.report.cell import summary_row
 from ablate.report.delta import adjust, disagreements
@@ -240,7 +240,7 @@ _SUMMARY_COLUMNS = [
     "panel", "data", "model", "settings", "strategy", "metric", "n", "seeds", "lr", "lr_from",
     "lr_interior",
     "dev_mean_pct", "dev_std_pct", "dev_ci_low_pct", "dev_ci_high_pct", "dev_ci_method",
-    "best_dev_mean_pct", "test_mean_pct", "test_std_pct",
+    "best_dev_mean_pct", "test_mean_pct", "test_std_pct", "chance_pct", "at_chance",
     "trainable_params_m", "total_params_m", "param_savings_pct",
     "train_time_s", "train_time_s_std", "train_time_spread", "timed_seeds", "time_savings_pct",
     "trainer_runtime_s", "cpu_gflops", "speed_spread",
@@ -295,7 +295,7 @@ def build(
         base = group[group.freeze == baseline]
         if base.empty:
             notes.append(f"{panel}: no `{baseline}` run, so no savings or Δ vs baseline.")
-        panel_rows = []
+        panel_rows, level = [], chance.level(group, preds)
         for strategy in strategy_order(group.freeze):
             cell = group[group.freeze == strategy].sort_values("seed")
             metric = cell.metric.iloc[0]
@@ -306,10 +306,13 @@ def build(
                 "settings": described,
                 "strategy": strategy,
             }
-            panel_rows.append({**head, "metric": metric, **summary_row(cell, base, preds, boot)})
+            row = {**head, "metric": metric, **summary_row(cell, base, preds, boot)}
+            row.update(chance_pct=level, at_chance=chance.at_chance(row["dev_mean_pct"], level))
+            panel_rows.append(row)
         adjust(panel_rows)  # the family: this panel's comparisons with the baseline
         rows += panel_rows
         notes += [f"{panel}: {said}" for said in disagreements(panel_rows)]
+        notes += chance.notes(panel, panel_rows)
         if differ := _differing_settings(group, runs.params):
             notes.append(f"{panel}: strategies were run with different settings: {differ}.")
         notes += time_notes(panel, group, rows, strategy_order(group.freeze))
